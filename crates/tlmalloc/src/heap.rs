@@ -1,0 +1,781 @@
+//! Thread heaps: the per-thread state behind the malloc and free fast paths,
+//! and every slow path that feeds them.
+//!
+//! A thread starts with its TLS slot pointing at [`EMPTY_HEAP`], whose pages
+//! all have empty free lists, so its first allocation falls into
+//! [`alloc_slow`], which gives it a real heap. At exit the pthread-key
+//! destructor abandons the heap's segments and points the slot at
+//! [`DEAD_HEAP`]: a thread that allocates after that (other libraries'
+//! destructors do) is served from the locked process heap.
+
+use core::ptr;
+
+use crate::abandoned::Abandoned;
+use crate::arena;
+use crate::config::{
+    DIRECT_SIZE_MAX, DIRECT_SLOTS, MEDIUM_SIZE_MAX, PAGE_EXTEND_BYTES, PAGE_SCAN_MAX,
+};
+use crate::large;
+use crate::os;
+use crate::page::{Block, Page};
+use crate::segment::{Segment, SegmentKind};
+use crate::size_class::{class_of, class_size, direct_class, CLASS_COUNT, FIRST_MEDIUM_CLASS};
+use crate::stats;
+use crate::sync::{AtomicUsize, Ordering, SpinLock};
+
+/// What a heap is, which decides what its slow path does.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+pub enum HeapKind {
+    /// The static heap of a thread that has not allocated yet.
+    Empty,
+    /// The static heap of a thread whose exit destructor already ran.
+    Dead,
+    /// A live thread's own heap.
+    Thread,
+    /// The process heap, used under its lock by dead threads.
+    Process,
+}
+
+/// A doubly linked list of the heap's pages of one class. The first page is
+/// the one allocations come from (`ThreadHeap::current`).
+#[derive(Clone, Copy)]
+struct PageQueue {
+    first: *mut Page,
+    last: *mut Page,
+}
+
+/// A doubly linked list of the heap's segments of one state.
+#[derive(Clone, Copy)]
+struct SegmentList {
+    first: *mut Segment,
+}
+
+/// Which `SegmentList` a segment is on (`Segment::list`).
+const LIST_SMALL_AVAIL: u8 = 0;
+const LIST_MEDIUM_AVAIL: u8 = 1;
+const LIST_FULL: u8 = 2;
+const LIST_COUNT: usize = 3;
+
+/// A heap: the pages and segments one thread allocates from.
+///
+/// Invariants:
+/// - `direct[s]` is `current[direct_class(s)]` for every slot `s`;
+/// - `current[c]` is `queues[c].first`, or the static empty page when the
+///   queue is empty (never null: the fast path dereferences it blindly);
+/// - every page on `queues[c]` is `in_use`, of class `c`, `queued`, and lies
+///   in a segment on one of `segments` whose `owner` is this heap;
+/// - a segment is on `segments[LIST_FULL]` exactly when its `free_mask` is 0.
+///
+/// Field access: a thread heap is touched only by its thread (and by the
+/// exit destructor on that thread); the process heap only under its lock;
+/// the two static heaps never.
+#[repr(C)]
+pub struct ThreadHeap {
+    /// Page of each 8-byte size step up to `DIRECT_SIZE_MAX` (the fast path's only lookup).
+    pub direct: [*mut Page; DIRECT_SLOTS],
+    /// Page allocations of each class come from.
+    pub current: [*mut Page; CLASS_COUNT],
+    queues: [PageQueue; CLASS_COUNT],
+    segments: [SegmentList; LIST_COUNT],
+    kind: HeapKind,
+    /// Link in the heap pool's free list.
+    pool_next: *mut ThreadHeap,
+}
+
+impl ThreadHeap {
+    /// The heap pool's link (valid only while the heap is in the pool).
+    ///
+    /// # Safety
+    /// `heap` is a heap the pool owns.
+    pub unsafe fn pool_next(heap: *mut ThreadHeap) -> *mut ThreadHeap {
+        // SAFETY: the pool wrote this field when it took the heap back.
+        unsafe { (*heap).pool_next }
+    }
+
+    /// Set the heap pool's link.
+    ///
+    /// # Safety
+    /// `heap` is a heap no thread uses, being handed to the pool.
+    pub unsafe fn set_pool_next(heap: *mut ThreadHeap, next: *mut ThreadHeap) {
+        // SAFETY: raw field write into memory the caller owns.
+        unsafe { ptr::addr_of_mut!((*heap).pool_next).write(next) };
+    }
+}
+
+// SAFETY: the static heaps are never written; thread heaps are reached only
+// from their thread; the process heap only through its lock (see the type).
+unsafe impl Sync for ThreadHeap {}
+// SAFETY: as above: moving a heap between threads happens only at hand-over points.
+unsafe impl Send for ThreadHeap {}
+
+/// The page of the static heaps: its free list is empty forever. `static mut`
+/// only so that pointers to it are mutable-derived; nothing ever writes it.
+static mut EMPTY_PAGE: Page = Page::new();
+
+const fn empty_page() -> *mut Page {
+    &raw mut EMPTY_PAGE
+}
+
+impl ThreadHeap {
+    const fn new(kind: HeapKind) -> Self {
+        ThreadHeap {
+            direct: [empty_page(); DIRECT_SLOTS],
+            current: [empty_page(); CLASS_COUNT],
+            queues: [PageQueue {
+                first: ptr::null_mut(),
+                last: ptr::null_mut(),
+            }; CLASS_COUNT],
+            segments: [SegmentList {
+                first: ptr::null_mut(),
+            }; LIST_COUNT],
+            kind,
+            pool_next: ptr::null_mut(),
+        }
+    }
+}
+
+/// Where every thread's TLS slot points before its first allocation. Never
+/// written (its `kind` sends every slow path elsewhere); `static mut` only so
+/// that the pointers the TLS slot holds are mutable-derived.
+pub static mut EMPTY_HEAP: ThreadHeap = ThreadHeap::new(HeapKind::Empty);
+/// Where a thread's TLS slot points after its exit destructor ran (never written).
+pub static mut DEAD_HEAP: ThreadHeap = ThreadHeap::new(HeapKind::Dead);
+/// The heap of threads that allocate after their exit destructor ran.
+/// Lock order: first (see ARCHITECTURE.md, "Locks").
+pub(crate) static PROCESS_HEAP: SpinLock<ThreadHeap> =
+    SpinLock::new(ThreadHeap::new(HeapKind::Process));
+/// Segments of exited threads, waiting for a live heap.
+pub(crate) static ABANDONED: Abandoned = Abandoned::new();
+
+// ---------------------------------------------------------------------------
+// Fast paths
+// ---------------------------------------------------------------------------
+
+/// Allocate `size` bytes (16-byte aligned from 16 bytes up, 8 below).
+///
+/// Fast path, `size <= 1024` (x86-64, checked with `objdump -d`): TLS load
+/// (2), size test (2), index and page load (3), free-list load and test (2),
+/// pop and count (3), return: about 12 instructions, no atomic, no lock.
+#[inline(always)]
+pub fn malloc(size: usize) -> *mut u8 {
+    let heap = os::thread_heap();
+    if size <= DIRECT_SIZE_MAX {
+        // SAFETY: `heap` is this thread's heap or a static heap; `direct`
+        // entries are never null (ThreadHeap invariant).
+        unsafe {
+            let page = (*heap).direct[(size + 7) >> 3];
+            let block = Page::pop(page);
+            if !block.is_null() {
+                return block.cast();
+            }
+        }
+        return alloc_slow(heap, direct_class((size + 7) >> 3));
+    }
+    malloc_generic(heap, size)
+}
+
+/// Allocation above the direct range: class computation, then as `malloc`.
+#[inline(never)]
+fn malloc_generic(heap: *mut ThreadHeap, size: usize) -> *mut u8 {
+    if size <= MEDIUM_SIZE_MAX {
+        alloc_class(heap, class_of(size))
+    } else {
+        large::large_alloc(size, 16)
+    }
+}
+
+/// Allocate a block of class `class` from `heap`.
+#[inline]
+fn alloc_class(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
+    // SAFETY: `heap` is a valid heap; `current` entries are never null.
+    unsafe {
+        let block = Page::pop((*heap).current[class]);
+        if !block.is_null() {
+            return block.cast();
+        }
+    }
+    alloc_slow(heap, class)
+}
+
+/// Allocate `size` bytes aligned to `align` (a power of two).
+pub fn malloc_aligned(size: usize, align: usize) -> *mut u8 {
+    if align <= 16 {
+        return malloc(if size < align { align } else { size });
+    }
+    if align <= crate::config::POOL_ALIGN_MAX {
+        // A class at or above `round_up(size, align)` is a multiple of
+        // `align` (see size_class.rs) and its page area is aligned to it.
+        let rounded = (size.max(1) + align - 1) & !(align - 1);
+        if rounded <= MEDIUM_SIZE_MAX {
+            return alloc_class(os::thread_heap(), class_of(rounded));
+        }
+    }
+    large::large_alloc(size, align)
+}
+
+/// Free `p`, a block this allocator handed out and not yet freed.
+///
+/// Fast path when the calling thread owns the block (x86-64): segment mask
+/// (2), TLS load (2), owner load and compare (2), page index (4), push (3),
+/// count and empty test (2): about 15 instructions, no atomic, no lock.
+///
+/// # Safety
+/// `p` was returned by this allocator, is not yet freed, and does not start a
+/// block aligned to 4 MiB or more (use [`free_checked`] for those).
+#[inline(always)]
+pub unsafe fn free_trusted(p: *mut u8) {
+    let segment = Segment::of(p);
+    let heap = os::thread_heap();
+    // SAFETY: `p` lies in a live segment (caller contract), whose header is at `segment`.
+    unsafe {
+        if (*segment).owner() != heap as usize {
+            return free_slow(segment, p);
+        }
+        let page = Segment::page_of(segment, p);
+        if (*page).push_local(p.cast::<Block>()) {
+            page_emptied(heap, page);
+        }
+    }
+}
+
+/// A free whose owner is not the calling thread: a remote free, a large
+/// block, or a block of an abandoned segment.
+#[cold]
+#[inline(never)]
+unsafe fn free_slow(segment: *mut Segment, p: *mut u8) {
+    // SAFETY: the caller passes a live segment and a live block in it.
+    unsafe {
+        if (*segment).kind == SegmentKind::Large {
+            large::large_free(segment);
+            return;
+        }
+        let page = Segment::page_of(segment, p);
+        (*page).thread_free.push(p.cast());
+    }
+}
+
+/// The last live block of a page came back to its owner. Release the page
+/// unless allocations are coming from it (then it stays, so an alloc/free
+/// loop does not carve a fresh page each time).
+#[cold]
+#[inline(never)]
+unsafe fn page_emptied(heap: *mut ThreadHeap, page: *mut Page) {
+    // SAFETY: the calling thread owns `heap` and `page` (free fast path).
+    unsafe {
+        let class = (*page).class as usize;
+        if (*heap).current[class] == page {
+            return;
+        }
+        release_page(heap, page);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Allocation slow path
+// ---------------------------------------------------------------------------
+
+/// The current page of `class` has no free block: find or make one that
+/// has, or set the thread up first.
+#[cold]
+#[inline(never)]
+fn alloc_slow(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
+    // SAFETY: `heap` is this thread's heap or a static heap.
+    let kind = unsafe { (*heap).kind };
+    match kind {
+        HeapKind::Thread | HeapKind::Process => {}
+        HeapKind::Empty => {
+            let heap = init_thread_heap();
+            if heap.is_null() {
+                return ptr::null_mut();
+            }
+            return alloc_class(heap, class);
+        }
+        HeapKind::Dead => {
+            let mut process = PROCESS_HEAP.lock();
+            return alloc_class(&mut *process, class);
+        }
+    }
+    #[cfg(feature = "check")]
+    // SAFETY: the calling thread owns `heap`.
+    unsafe {
+        check_heap(heap)
+    };
+    // SAFETY: the calling thread owns `heap` (or holds the process heap's lock).
+    unsafe {
+        let page = find_page(heap, class);
+        if page.is_null() {
+            return ptr::null_mut();
+        }
+        let block = Page::pop(page);
+        debug_assert!(!block.is_null());
+        block.cast()
+    }
+}
+
+/// A page of `class` with a free block, at the front of its queue, or null
+/// when the OS has no memory.
+///
+/// # Safety
+/// The calling thread owns `heap`.
+unsafe fn find_page(heap: *mut ThreadHeap, class: usize) -> *mut Page {
+    // SAFETY: owner access to the heap and its pages (caller contract).
+    unsafe {
+        if let Some(page) = scan_queue(heap, class) {
+            return page;
+        }
+        if ABANDONED.maybe_nonempty() && adopt_abandoned(heap) {
+            if let Some(page) = scan_queue(heap, class) {
+                return page;
+            }
+        }
+        let page = fresh_page(heap, class);
+        if !page.is_null() {
+            queue_push_front(heap, page);
+            (*page).extend(PAGE_EXTEND_BYTES);
+        }
+        page
+    }
+}
+
+/// Look at up to `PAGE_SCAN_MAX` pages of the queue, collecting their remote
+/// frees; the first with a free block moves to the front. Full pages go to
+/// the back, so the next scan starts with pages not looked at recently.
+///
+/// # Safety
+/// The calling thread owns `heap`.
+unsafe fn scan_queue(heap: *mut ThreadHeap, class: usize) -> Option<*mut Page> {
+    // SAFETY: owner access (caller contract).
+    unsafe {
+        for _ in 0..PAGE_SCAN_MAX {
+            let page = (*heap).queues[class].first;
+            if page.is_null() {
+                return None;
+            }
+            (*page).collect_remote();
+            if !(*page).free.is_null() || (*page).extend(PAGE_EXTEND_BYTES) {
+                return Some(page);
+            }
+            if (*page).next.is_null() {
+                return None;
+            }
+            queue_remove(heap, page);
+            queue_push_back(heap, page);
+        }
+        None
+    }
+}
+
+/// Claim a page slot for `class` in one of the heap's segments (or a new
+/// one) and carve it. Not yet queued.
+///
+/// # Safety
+/// The calling thread owns `heap`.
+unsafe fn fresh_page(heap: *mut ThreadHeap, class: usize) -> *mut Page {
+    let (kind, list) = if class < FIRST_MEDIUM_CLASS {
+        (SegmentKind::Small, LIST_SMALL_AVAIL)
+    } else {
+        (SegmentKind::Medium, LIST_MEDIUM_AVAIL)
+    };
+    // SAFETY: owner access (caller contract); segments on our lists are ours.
+    unsafe {
+        let mut segment = (*heap).segments[list as usize].first;
+        if segment.is_null() {
+            segment = arena::segment_alloc(kind);
+            if segment.is_null() {
+                return ptr::null_mut();
+            }
+            (*segment).set_owner(heap as usize);
+            segment_list_push(heap, segment, list);
+        }
+        let index = (*segment)
+            .claim_page()
+            .expect("segments on an avail list have a free page");
+        if (*segment).free_mask == 0 {
+            segment_list_remove(heap, segment);
+            segment_list_push(heap, segment, LIST_FULL);
+        }
+        let block_size = class_size(class);
+        let (area, reserved) = Segment::page_area(segment, index, block_size);
+        let page = &mut (*segment).pages[index];
+        page.init(area, block_size, reserved, class as u8);
+        page
+    }
+}
+
+/// Give an empty page back to its segment, and the segment back to the arena
+/// when it has no page left.
+///
+/// # Safety
+/// The calling thread owns `heap`, which owns `page`; `page.used == 0`.
+unsafe fn release_page(heap: *mut ThreadHeap, page: *mut Page) {
+    // SAFETY: owner access (caller contract).
+    unsafe {
+        if (*page).queued {
+            queue_remove(heap, page);
+        }
+        let segment = Segment::of(page.cast());
+        let was_full = (*segment).free_mask == 0;
+        let index = (*segment).page_index(page);
+        if (*segment).release_page(index) {
+            segment_list_remove(heap, segment);
+            (*segment).set_owner(0);
+            arena::segment_free(segment);
+        } else if was_full {
+            segment_list_remove(heap, segment);
+            let list = if (*segment).kind == SegmentKind::Small {
+                LIST_SMALL_AVAIL
+            } else {
+                LIST_MEDIUM_AVAIL
+            };
+            segment_list_push(heap, segment, list);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Page queues and segment lists (owner only)
+// ---------------------------------------------------------------------------
+
+/// Keep `current` and `direct` equal to the queue's first page (ThreadHeap invariant).
+unsafe fn refresh_current(heap: *mut ThreadHeap, class: usize) {
+    // SAFETY: owner access (caller contract).
+    unsafe {
+        let first = (*heap).queues[class].first;
+        let page = if first.is_null() { empty_page() } else { first };
+        if (*heap).current[class] == page {
+            return;
+        }
+        (*heap).current[class] = page;
+        if class_size(class) <= DIRECT_SIZE_MAX {
+            // The direct slots of a class are the 8-byte steps above the
+            // previous class's size, up to its own.
+            let low = if class == 0 {
+                0
+            } else {
+                class_size(class - 1) / 8 + 1
+            };
+            let high = class_size(class) / 8;
+            for slot in low..=high {
+                (*heap).direct[slot] = page;
+            }
+        }
+    }
+}
+
+unsafe fn queue_push_front(heap: *mut ThreadHeap, page: *mut Page) {
+    // SAFETY: owner access; `page` is not queued.
+    unsafe {
+        let class = (*page).class as usize;
+        let queue = &mut (*heap).queues[class];
+        (*page).prev = ptr::null_mut();
+        (*page).next = queue.first;
+        if queue.first.is_null() {
+            queue.last = page;
+        } else {
+            (*queue.first).prev = page;
+        }
+        queue.first = page;
+        (*page).queued = true;
+        refresh_current(heap, class);
+    }
+}
+
+unsafe fn queue_push_back(heap: *mut ThreadHeap, page: *mut Page) {
+    // SAFETY: owner access; `page` is not queued.
+    unsafe {
+        let class = (*page).class as usize;
+        let queue = &mut (*heap).queues[class];
+        (*page).next = ptr::null_mut();
+        (*page).prev = queue.last;
+        if queue.last.is_null() {
+            queue.first = page;
+        } else {
+            (*queue.last).next = page;
+        }
+        queue.last = page;
+        (*page).queued = true;
+        refresh_current(heap, class);
+    }
+}
+
+unsafe fn queue_remove(heap: *mut ThreadHeap, page: *mut Page) {
+    // SAFETY: owner access; `page` is on the queue of its class.
+    unsafe {
+        let class = (*page).class as usize;
+        let queue = &mut (*heap).queues[class];
+        let (prev, next) = ((*page).prev, (*page).next);
+        if prev.is_null() {
+            queue.first = next;
+        } else {
+            (*prev).next = next;
+        }
+        if next.is_null() {
+            queue.last = prev;
+        } else {
+            (*next).prev = prev;
+        }
+        (*page).next = ptr::null_mut();
+        (*page).prev = ptr::null_mut();
+        (*page).queued = false;
+        refresh_current(heap, class);
+    }
+}
+
+unsafe fn segment_list_push(heap: *mut ThreadHeap, segment: *mut Segment, list: u8) {
+    // SAFETY: owner access; `segment` is on no list.
+    unsafe {
+        let head = &mut (*heap).segments[list as usize].first;
+        (*segment).list = list;
+        (*segment).prev = ptr::null_mut();
+        (*segment).next = *head;
+        if !head.is_null() {
+            (**head).prev = segment;
+        }
+        *head = segment;
+    }
+}
+
+unsafe fn segment_list_remove(heap: *mut ThreadHeap, segment: *mut Segment) {
+    // SAFETY: owner access; `segment` is on list `segment.list` of `heap`.
+    unsafe {
+        let (prev, next) = ((*segment).prev, (*segment).next);
+        if prev.is_null() {
+            (*heap).segments[(*segment).list as usize].first = next;
+        } else {
+            (*prev).next = next;
+        }
+        if !next.is_null() {
+            (*next).prev = prev;
+        }
+        (*segment).next = ptr::null_mut();
+        (*segment).prev = ptr::null_mut();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Thread start, exit, adoption
+// ---------------------------------------------------------------------------
+
+/// Process-wide setup state: 0 not started, 1 running, 2 done.
+static PROCESS_INIT: AtomicUsize = AtomicUsize::new(0);
+
+/// Give the calling thread a heap of its own (null when out of memory).
+#[cold]
+#[inline(never)]
+fn init_thread_heap() -> *mut ThreadHeap {
+    let heap = crate::heap_pool::heap_alloc();
+    if heap.is_null() {
+        return heap;
+    }
+    // SAFETY: a heap from the pool is unused memory of the right size.
+    unsafe { ptr::write(heap, ThreadHeap::new(HeapKind::Thread)) };
+    // Install before anything below can re-enter malloc (pthread_atfork and
+    // pthread_setspecific may allocate): re-entry is then served by this heap.
+    os::set_thread_heap(heap);
+    ensure_process_init();
+    os::on_thread_start(heap);
+    heap
+}
+
+fn ensure_process_init() {
+    match PROCESS_INIT.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {
+            os::register_thread_exit(thread_exit);
+            crate::fork::register();
+            PROCESS_INIT.store(2, Ordering::Release);
+        }
+        Err(_) => {
+            // Another thread is registering the exit key: wait, so that this
+            // thread's heap is handed back at its exit too.
+            let mut round = 0u32;
+            while PROCESS_INIT.load(Ordering::Acquire) != 2 {
+                round += 1;
+                if round > 64 {
+                    os::yield_now();
+                } else {
+                    core::hint::spin_loop();
+                }
+            }
+        }
+    }
+}
+
+/// The pthread-key destructor: hand the thread's memory to live threads.
+fn thread_exit(heap: *mut ThreadHeap) {
+    // SAFETY: the destructor runs on the heap's own thread, with the value
+    // `on_thread_start` stored: this thread's live heap.
+    unsafe {
+        if (*heap).kind != HeapKind::Thread {
+            return;
+        }
+        os::set_thread_heap(&raw mut DEAD_HEAP);
+        abandon_heap(heap);
+        crate::heap_pool::heap_free(heap);
+    }
+}
+
+/// Release every empty page and segment of `heap`; abandon the rest.
+///
+/// # Safety
+/// The calling thread owns `heap`, which no thread allocates from afterwards.
+unsafe fn abandon_heap(heap: *mut ThreadHeap) {
+    // SAFETY: owner access (caller contract).
+    unsafe {
+        for class in 0..CLASS_COUNT {
+            loop {
+                let page = (*heap).queues[class].first;
+                if page.is_null() {
+                    break;
+                }
+                queue_remove(heap, page);
+                (*page).collect_remote();
+                if (*page).is_unused() {
+                    release_page(heap, page);
+                }
+            }
+        }
+        for list in 0..LIST_COUNT {
+            loop {
+                let segment = (*heap).segments[list].first;
+                if segment.is_null() {
+                    break;
+                }
+                segment_list_remove(heap, segment);
+                ABANDONED.abandon(segment);
+                stats::record_abandoned();
+            }
+        }
+    }
+}
+
+/// Take over one abandoned segment: collect its pages, release what is
+/// empty, queue the rest. Returns false when there was none.
+///
+/// # Safety
+/// The calling thread owns `heap`.
+unsafe fn adopt_abandoned(heap: *mut ThreadHeap) -> bool {
+    let segment = ABANDONED.adopt(heap as usize);
+    if segment.is_null() {
+        return false;
+    }
+    stats::record_adopted();
+    // SAFETY: the segment is ours now (abandoned.rs protocol, step 2).
+    unsafe {
+        let list = if (*segment).free_mask == 0 {
+            LIST_FULL
+        } else if (*segment).kind == SegmentKind::Small {
+            LIST_SMALL_AVAIL
+        } else {
+            LIST_MEDIUM_AVAIL
+        };
+        segment_list_push(heap, segment, list);
+        for index in 0..(*segment).kind.page_count() {
+            let page: *mut Page = &mut (*segment).pages[index];
+            if !(*page).in_use {
+                continue;
+            }
+            (*page).collect_remote();
+            if (*page).is_unused() {
+                // May free the whole segment: stop touching it then.
+                let last = (*segment).used_pages == 1;
+                release_page(heap, page);
+                if last {
+                    break;
+                }
+            } else {
+                queue_push_back(heap, page);
+            }
+        }
+    }
+    true
+}
+
+/// Return what the calling thread can return now: remote frees are collected,
+/// empty pages released, abandoned segments adopted (releasing the empty
+/// ones) and the segment cache given back to the OS.
+pub fn collect() {
+    let heap = os::thread_heap();
+    // SAFETY: `heap` is this thread's heap; only a thread heap is touched.
+    unsafe {
+        if (*heap).kind == HeapKind::Thread {
+            while ABANDONED.maybe_nonempty() && adopt_abandoned(heap) {}
+            for class in 0..CLASS_COUNT {
+                let mut page = (*heap).queues[class].first;
+                while !page.is_null() {
+                    let next = (*page).next;
+                    (*page).collect_remote();
+                    if (*page).is_unused() {
+                        release_page(heap, page);
+                    }
+                    page = next;
+                }
+            }
+        }
+    }
+    arena::cache_flush();
+}
+
+/// The calling thread's heap kind (for tests and diagnostics).
+pub fn thread_heap_kind() -> HeapKind {
+    // SAFETY: the slot always points at a valid heap.
+    unsafe { (*os::thread_heap()).kind }
+}
+
+// ---------------------------------------------------------------------------
+// Internal checker (feature "check")
+// ---------------------------------------------------------------------------
+
+/// Verify the ThreadHeap and Page invariants of `heap`; abort on a violation.
+///
+/// # Safety
+/// The calling thread owns `heap`.
+#[cfg(feature = "check")]
+unsafe fn check_heap(heap: *mut ThreadHeap) {
+    // SAFETY: owner access (caller contract).
+    unsafe {
+        for class in 0..CLASS_COUNT {
+            let first = (*heap).queues[class].first;
+            let expect = if first.is_null() { empty_page() } else { first };
+            crate::report::check(
+                (*heap).current[class] == expect,
+                "current page is not the queue head",
+            );
+            let mut page = first;
+            let mut prev = ptr::null_mut();
+            while !page.is_null() {
+                let p = &*page;
+                crate::report::check(p.in_use && p.queued, "queued page not in use");
+                crate::report::check(p.class as usize == class, "page on the wrong class queue");
+                crate::report::check(p.prev == prev, "broken page queue links");
+                crate::report::check(p.capacity <= p.reserved, "page capacity above reserved");
+                let mut free_len = 0u32;
+                let mut block = p.free;
+                while !block.is_null() {
+                    let offset = block as usize - p.area as usize;
+                    crate::report::check(
+                        offset % p.block_size == 0 && offset / p.block_size < p.capacity as usize,
+                        "free block outside its page",
+                    );
+                    free_len += 1;
+                    block = (*block).next;
+                }
+                crate::report::check(p.capacity == p.used + free_len, "page accounting broken");
+                let segment = Segment::of(page.cast());
+                crate::report::check(
+                    (*segment).owner() == heap as usize,
+                    "queued page of a foreign segment",
+                );
+                prev = page;
+                page = p.next;
+            }
+            crate::report::check((*heap).queues[class].last == prev, "queue tail wrong");
+        }
+        for slot in 0..DIRECT_SLOTS {
+            crate::report::check(
+                (*heap).direct[slot] == (*heap).current[direct_class(slot)],
+                "direct slot out of date",
+            );
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! Storage for thread heaps: carved from OS chunks, recycled through a free
+//! list, never given back (a heap is a few KiB and threads come and go).
+
+use core::ptr;
+
+use crate::heap::ThreadHeap;
+use crate::os;
+use crate::sync::SpinLock;
+
+const CHUNK_SIZE: usize = 64 * 1024;
+const HEAP_STRIDE: usize = (core::mem::size_of::<ThreadHeap>() + 63) & !63;
+const _: () = assert!(HEAP_STRIDE <= CHUNK_SIZE);
+
+/// Free heaps and the unused tail of the newest chunk.
+pub(crate) struct HeapPool {
+    free: *mut ThreadHeap,
+    cursor: usize,
+    end: usize,
+}
+
+// SAFETY: the pool owns the memory it points to; the lock serialises access.
+unsafe impl Send for HeapPool {}
+
+/// Lock order: after the process heap and the abandoned list, before the segment cache.
+pub(crate) static POOL: SpinLock<HeapPool> = SpinLock::new(HeapPool {
+    free: ptr::null_mut(),
+    cursor: 0,
+    end: 0,
+});
+
+/// Uninitialised, suitably aligned memory for one heap, or null.
+pub fn heap_alloc() -> *mut ThreadHeap {
+    let mut pool = POOL.lock();
+    if !pool.free.is_null() {
+        let heap = pool.free;
+        // SAFETY: heaps on the free list are ours; `pool_next` links them.
+        pool.free = unsafe { ThreadHeap::pool_next(heap) };
+        return heap;
+    }
+    if pool.cursor + HEAP_STRIDE > pool.end {
+        let chunk = os::map(CHUNK_SIZE);
+        if chunk.is_null() {
+            return ptr::null_mut();
+        }
+        pool.cursor = chunk as usize;
+        pool.end = chunk as usize + CHUNK_SIZE;
+    }
+    let heap = pool.cursor as *mut ThreadHeap;
+    pool.cursor += HEAP_STRIDE;
+    heap
+}
+
+/// Put a heap no thread uses any more back in the pool.
+///
+/// # Safety
+/// `heap` came from [`heap_alloc`], holds no page or segment, and nothing refers to it.
+pub unsafe fn heap_free(heap: *mut ThreadHeap) {
+    let mut pool = POOL.lock();
+    // SAFETY: the caller hands the heap over; we only write its pool link.
+    unsafe { ThreadHeap::set_pool_next(heap, pool.free) };
+    pool.free = heap;
+}

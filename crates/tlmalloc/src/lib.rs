@@ -1,0 +1,333 @@
+//! # tlmalloc
+//!
+//! A thread-caching memory allocator: per-thread heaps with a lock-free,
+//! atomic-free fast path, size classes with at most 12.5 % waste from 128
+//! bytes up, no per-block header, frees from other threads returned to the
+//! owner's pages, and an exited thread's memory handed to live threads.
+//!
+//! ```no_run
+//! #[global_allocator]
+//! static GLOBAL: tlmalloc::TlMalloc = tlmalloc::TlMalloc;
+//!
+//! fn main() {
+//!     let v: Vec<u64> = (0..1000).collect();
+//!     assert_eq!(v.iter().sum::<u64>(), 499_500);
+//! }
+//! ```
+//!
+//! The C-style functions ([`malloc`], [`free`], [`realloc`], …) are what the
+//! `libtlmalloc.so` front end exports. See `ARCHITECTURE.md` for the design.
+
+#![no_std]
+#![cfg_attr(not(loom), deny(clippy::undocumented_unsafe_blocks))]
+
+#[cfg(any(feature = "std", loom))]
+extern crate std;
+
+pub mod config;
+pub mod size_class;
+pub mod sync;
+
+#[doc(hidden)]
+pub mod abandoned;
+#[doc(hidden)]
+pub mod page;
+#[doc(hidden)]
+pub mod segment;
+
+#[cfg(not(loom))]
+mod arena;
+#[cfg(not(loom))]
+mod fork;
+#[cfg(not(loom))]
+mod heap;
+#[cfg(not(loom))]
+mod heap_pool;
+#[cfg(not(loom))]
+mod large;
+#[cfg(not(loom))]
+mod os;
+#[cfg(not(loom))]
+mod report;
+#[cfg(not(loom))]
+mod segment_map;
+#[cfg(not(loom))]
+pub mod stats;
+
+#[cfg(not(loom))]
+pub use api::*;
+
+#[cfg(not(loom))]
+mod api {
+    use core::alloc::{GlobalAlloc, Layout};
+    use core::ptr;
+
+    use crate::config::{MEDIUM_SIZE_MAX, OS_PAGE_SIZE, SEGMENT_SIZE};
+    use crate::heap;
+    pub use crate::heap::HeapKind;
+    use crate::large;
+    use crate::page::Page;
+    use crate::report;
+    use crate::segment::{Segment, SegmentKind};
+    use crate::segment_map::{self, CHUNK_HEADER_BELOW, CHUNK_SEGMENT};
+    use crate::size_class::{class_of, class_size};
+
+    /// The tlmalloc global allocator.
+    ///
+    /// ```no_run
+    /// #[global_allocator]
+    /// static GLOBAL: tlmalloc::TlMalloc = tlmalloc::TlMalloc;
+    /// ```
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct TlMalloc;
+
+    // SAFETY: every method returns blocks that satisfy the layout (class sizes
+    // are multiples of the alignment the layout asks for, see size_class.rs),
+    // null on failure, and frees exactly the blocks it handed out.
+    unsafe impl GlobalAlloc for TlMalloc {
+        #[inline(always)]
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            if layout.align() <= 16 {
+                // A block of 16 bytes or more is 16-aligned; only the 8-byte
+                // class is 8-aligned, and `max` keeps 16-aligned layouts out of it.
+                heap::malloc(layout.size().max(layout.align()))
+            } else {
+                heap::malloc_aligned(layout.size(), layout.align())
+            }
+        }
+
+        #[inline(always)]
+        unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
+            if layout.align() <= 16 {
+                // SAFETY: GlobalAlloc's contract: `p` is a live block of ours,
+                // and with this alignment it is not a 4 MiB-aligned large block.
+                unsafe { heap::free_trusted(p) }
+            } else {
+                // SAFETY: `p` is a live block of ours.
+                unsafe { free(p) }
+            }
+        }
+
+        #[inline]
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: forwarded GlobalAlloc contract.
+            let p = unsafe { self.alloc(layout) };
+            if !p.is_null() {
+                // SAFETY: the block holds at least `layout.size()` bytes.
+                unsafe { ptr::write_bytes(p, 0, layout.size()) };
+            }
+            p
+        }
+
+        #[inline]
+        unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            if layout.align() <= 16 {
+                // SAFETY: `p` is a live block of ours of `layout.size()` bytes
+                // (GlobalAlloc contract), not a 4 MiB-aligned large one.
+                unsafe {
+                    let (segment, page) = locate_trusted(p);
+                    if resize_in_place(segment, page, new_size) {
+                        return p;
+                    }
+                }
+            }
+            // SAFETY: GlobalAlloc's contract on `new_size` and `p`.
+            unsafe {
+                let new_layout = Layout::from_size_align_unchecked(new_size, layout.align());
+                let q = self.alloc(new_layout);
+                if !q.is_null() {
+                    ptr::copy_nonoverlapping(p, q, layout.size().min(new_size));
+                    self.dealloc(p, layout);
+                }
+                q
+            }
+        }
+    }
+
+    /// The usable size a request of `n` bytes gets (the block size it is
+    /// served with), or `usize::MAX` when no block that large can exist.
+    pub fn good_size(n: usize) -> usize {
+        if n <= MEDIUM_SIZE_MAX {
+            class_size(class_of(n))
+        } else {
+            large::large_usable(n).unwrap_or(usize::MAX)
+        }
+    }
+
+    /// Allocate `size` bytes (16-byte aligned from 16 bytes up); null when
+    /// the request cannot be met.
+    #[inline(always)]
+    pub fn malloc(size: usize) -> *mut u8 {
+        heap::malloc(size)
+    }
+
+    /// Allocate `size` bytes aligned to `align`, a power of two; null when
+    /// the request cannot be met or `align` is not a power of two.
+    pub fn malloc_aligned(size: usize, align: usize) -> *mut u8 {
+        if !align.is_power_of_two() {
+            return ptr::null_mut();
+        }
+        heap::malloc_aligned(size, align)
+    }
+
+    /// Allocate `count * size` zeroed bytes; null on overflow or when out of memory.
+    pub fn calloc(count: usize, size: usize) -> *mut u8 {
+        let Some(total) = count.checked_mul(size) else {
+            return ptr::null_mut();
+        };
+        let p = heap::malloc(total);
+        if !p.is_null() {
+            // SAFETY: the block holds at least `total` bytes.
+            unsafe { ptr::write_bytes(p, 0, total) };
+        }
+        p
+    }
+
+    /// Free a block from [`malloc`], [`malloc_aligned`], [`calloc`] or
+    /// [`realloc`]. Null is ignored; a pointer tlmalloc did not hand out is
+    /// reported on standard error and the process aborts.
+    ///
+    /// # Safety
+    /// `p` is null or a block of this allocator that has not been freed.
+    #[inline(always)]
+    pub unsafe fn free(p: *mut u8) {
+        if segment_map::chunk_kind(p) == CHUNK_SEGMENT {
+            // SAFETY: the map says `p` is inside a live segment, and the
+            // caller promises it is a live block of ours.
+            unsafe { heap::free_trusted(p) }
+        } else {
+            // SAFETY: forwarded caller contract.
+            unsafe { free_unusual(p) }
+        }
+    }
+
+    /// Null, a block aligned to 4 MiB or more, or a foreign pointer.
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_unusual(p: *mut u8) {
+        if p.is_null() {
+            return;
+        }
+        match locate(p, "free") {
+            // SAFETY: a header-below block is a live large block (caller contract).
+            (segment, _) => unsafe { large::large_free(segment) },
+        }
+    }
+
+    /// The segment and page of `p`, or a report and abort when `p` is not
+    /// inside a tlmalloc segment.
+    fn locate(p: *mut u8, function: &str) -> (*mut Segment, *mut Page) {
+        let segment = match segment_map::chunk_kind(p) {
+            CHUNK_SEGMENT => Segment::of(p),
+            CHUNK_HEADER_BELOW => (Segment::of(p) as usize - SEGMENT_SIZE) as *mut Segment,
+            _ => report::misuse(function, p, "pointer was not allocated by tlmalloc"),
+        };
+        // SAFETY: the map says a live segment header is at `segment`, and
+        // `p` lies inside its mapping.
+        (segment, unsafe { Segment::page_of(segment, p) })
+    }
+
+    /// The segment and page of a live block known not to be 4 MiB-aligned.
+    ///
+    /// # Safety
+    /// `p` is a live block of ours outside the header-below case.
+    #[inline(always)]
+    unsafe fn locate_trusted(p: *mut u8) -> (*mut Segment, *mut Page) {
+        let segment = Segment::of(p);
+        // SAFETY: caller contract.
+        (segment, unsafe { Segment::page_of(segment, p) })
+    }
+
+    /// Keep `p` where it is for `new_size` bytes if its block allows it:
+    /// the block is large enough and not more than twice too large, or it is
+    /// a large block whose mapping has room.
+    ///
+    /// # Safety
+    /// `page` is the page of a live block in `segment`, owned by the caller.
+    unsafe fn resize_in_place(segment: *mut Segment, page: *mut Page, new_size: usize) -> bool {
+        // SAFETY: caller contract; a large block's page is touched only by
+        // the holder of its block.
+        unsafe {
+            let usable = (*page).block_size;
+            if new_size <= usable && new_size >= usable / 2 {
+                return true;
+            }
+            if (*segment).kind == SegmentKind::Large && new_size > MEDIUM_SIZE_MAX {
+                let Some(wanted) = large::large_usable(new_size) else {
+                    return false;
+                };
+                if wanted <= large::large_capacity(segment) && wanted >= usable / 2 {
+                    (*page).block_size = wanted;
+                    return true;
+                }
+            }
+            false
+        }
+    }
+
+    /// Resize a block (C `realloc` semantics except for size 0, which the C
+    /// front end decides): null `p` allocates; in place when the block
+    /// allows; otherwise moves, copying only `min(usable, new_size)` bytes.
+    /// Null (and `p` untouched) when out of memory.
+    ///
+    /// # Safety
+    /// `p` is null or a live block of this allocator.
+    pub unsafe fn realloc(p: *mut u8, new_size: usize) -> *mut u8 {
+        if p.is_null() {
+            return heap::malloc(new_size);
+        }
+        let (segment, page) = locate(p, "realloc");
+        // SAFETY: `p` is a live block (caller contract), found above.
+        unsafe {
+            let usable = (*page).block_size;
+            if resize_in_place(segment, page, new_size) {
+                return p;
+            }
+            let q = heap::malloc(new_size);
+            if !q.is_null() {
+                ptr::copy_nonoverlapping(p, q, usable.min(new_size));
+                free(p);
+            }
+            q
+        }
+    }
+
+    /// The usable size of a block (at least what was asked for); 0 for null.
+    ///
+    /// # Safety
+    /// `p` is null or a live block of this allocator.
+    pub unsafe fn usable_size(p: *const u8) -> usize {
+        if p.is_null() {
+            return 0;
+        }
+        let (_, page) = locate(p as *mut u8, "usable_size");
+        // SAFETY: `page` describes the live block `p` (caller contract).
+        unsafe { (*page).block_size }
+    }
+
+    /// Return memory the calling thread can return now: collect remote frees,
+    /// release empty pages, take over abandoned segments (releasing empty
+    /// ones) and unmap the segment cache.
+    pub fn collect() {
+        heap::collect();
+    }
+
+    /// Which heap serves the calling thread (a thread that has not allocated
+    /// yet is `Empty`; one whose exit destructor ran is `Dead`).
+    pub fn thread_heap_kind() -> HeapKind {
+        heap::thread_heap_kind()
+    }
+
+    /// Set the calling thread's `errno` to `ENOMEM` (for the C front end,
+    /// which keeps every OS call inside this crate's `os` module).
+    pub fn set_errno_enomem() {
+        crate::os::set_errno(crate::os::ENOMEM);
+    }
+
+    /// Set the calling thread's `errno`.
+    pub fn set_errno(value: i32) {
+        crate::os::set_errno(value);
+    }
+
+    const _: () = assert!(OS_PAGE_SIZE.is_power_of_two());
+}

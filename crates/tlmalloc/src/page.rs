@@ -1,0 +1,289 @@
+//! A page: a run of equal-sized blocks of one size class, owned by one heap.
+//!
+//! Pages carry two free lists: `free`, touched only by the owning thread with
+//! plain loads and stores, and `thread_free`, where other threads push the
+//! blocks they free with one compare-and-swap. The owner moves
+//! `thread_free` into `free` in one swap when `free` runs dry, so the
+//! hot paths of the owner never execute an atomic read-modify-write.
+
+use core::ptr;
+
+use crate::sync::{AtomicPtr, Ordering};
+
+/// A free block. While free, its first word links to the next free block;
+/// this is the only "header" a block ever has, and it lives inside the block.
+#[repr(C)]
+pub struct Block {
+    /// The next free block of the same list, or null.
+    pub next: *mut Block,
+}
+
+/// The head of a page's list of blocks freed by threads other than the owner.
+///
+/// Protocol (model-checked in `tests/loom.rs`):
+/// - any thread pushes with a CAS loop, `Release` on success, so the block's
+///   link (and every write the freeing thread made to it) is visible to
+/// - the owner, which takes the whole list with one `swap(null, Acquire)`.
+///
+/// A block is pushed at most once per allocation (a double free is the
+/// caller's bug), and the list is only ever emptied whole, so there is no ABA:
+/// a pushed block cannot reappear at the head until the owner has taken it,
+/// allocated it again and had it freed again.
+#[repr(transparent)]
+pub struct ThreadFree(AtomicPtr<Block>);
+
+impl ThreadFree {
+    /// An empty list.
+    #[cfg(not(loom))]
+    pub const fn new() -> Self {
+        ThreadFree(AtomicPtr::new(ptr::null_mut()))
+    }
+
+    /// An empty list (loom's atomics are not `const`).
+    #[cfg(loom)]
+    pub fn new() -> Self {
+        ThreadFree(AtomicPtr::new(ptr::null_mut()))
+    }
+
+    /// Push a block freed by a non-owner thread.
+    ///
+    /// # Safety
+    /// `block` is a block of this page, allocated and not yet freed, and the
+    /// caller gives up all access to it.
+    pub unsafe fn push(&self, block: *mut Block) {
+        let mut head = self.0.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: the caller owns `block` until the CAS below publishes it.
+            unsafe { (*block).next = head };
+            match self
+                .0
+                .compare_exchange_weak(head, block, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(now) => head = now,
+            }
+        }
+    }
+
+    /// Take every block pushed so far (owner only).
+    #[inline]
+    pub fn take_all(&self) -> *mut Block {
+        // A relaxed peek first: the common case is an empty list, and a load
+        // keeps the cache line shared instead of pulling it exclusive.
+        if self.0.load(Ordering::Relaxed).is_null() {
+            return ptr::null_mut();
+        }
+        self.0.swap(ptr::null_mut(), Ordering::Acquire)
+    }
+
+    /// Whether the list looks empty (a hint: another thread may push at once).
+    #[inline]
+    pub fn is_empty_hint(&self) -> bool {
+        self.0.load(Ordering::Relaxed).is_null()
+    }
+}
+
+/// Page metadata, kept in its segment's header (never inside the page).
+///
+/// Invariants, for a page in use (`in_use`):
+/// - `capacity == used + len(free)`: blocks threaded so far are either on the
+///   owner's `free` list or counted in `used`;
+/// - blocks on `thread_free` are counted in `used` until the owner collects them;
+/// - `capacity <= reserved`; blocks `capacity..reserved` of the area are untouched;
+/// - `used == 0` means no block of the page is live: the page may be released.
+///
+/// Field access: `thread_free` is shared (atomic); every other field is
+/// written only by the thread that owns the page's segment (or by whoever
+/// holds the segment while it is abandoned), and is constant while the page
+/// is in use where marked so.
+#[repr(C)]
+pub struct Page {
+    /// Owner: blocks ready to hand out.
+    pub free: *mut Block,
+    /// Owner: blocks handed out and not yet returned to `free`.
+    pub used: u32,
+    /// Owner: blocks threaded into the lists so far.
+    pub capacity: u32,
+    /// Constant while in use: how many blocks fit in the area.
+    pub reserved: u32,
+    /// Constant while in use: the size class (unused for a large block).
+    pub class: u8,
+    /// Owner: the page is carved for a class (or holds a large block).
+    pub in_use: bool,
+    /// Owner: the page is linked in its heap's queue for its class.
+    pub queued: bool,
+    _pad: u8,
+    /// Constant while in use: bytes per block (the usable size).
+    pub block_size: usize,
+    /// Shared: blocks freed by other threads.
+    pub thread_free: ThreadFree,
+    /// Owner: the next page of the same class in the heap's queue.
+    pub next: *mut Page,
+    /// Owner: the previous page of the same class in the heap's queue.
+    pub prev: *mut Page,
+    /// Constant while in use: the first block.
+    pub area: *mut u8,
+}
+
+#[cfg(not(loom))]
+const _: () = assert!(
+    core::mem::size_of::<Page>() == 64,
+    "one cache line per page"
+);
+
+impl Page {
+    /// A page slot that holds nothing (also the static empty page: its
+    /// `free` is null forever, so popping from it always takes the slow path).
+    #[cfg(not(loom))]
+    pub const fn new() -> Self {
+        Page {
+            free: ptr::null_mut(),
+            used: 0,
+            capacity: 0,
+            reserved: 0,
+            class: 0,
+            in_use: false,
+            queued: false,
+            _pad: 0,
+            block_size: 0,
+            thread_free: ThreadFree::new(),
+            next: ptr::null_mut(),
+            prev: ptr::null_mut(),
+            area: ptr::null_mut(),
+        }
+    }
+
+    /// A page slot that holds nothing.
+    #[cfg(loom)]
+    pub fn new() -> Self {
+        Page {
+            free: ptr::null_mut(),
+            used: 0,
+            capacity: 0,
+            reserved: 0,
+            class: 0,
+            in_use: false,
+            queued: false,
+            _pad: 0,
+            block_size: 0,
+            thread_free: ThreadFree::new(),
+            next: ptr::null_mut(),
+            prev: ptr::null_mut(),
+            area: ptr::null_mut(),
+        }
+    }
+
+    /// Start using the slot for `reserved` blocks of `block_size` bytes at `area`.
+    pub fn init(&mut self, area: *mut u8, block_size: usize, reserved: u32, class: u8) {
+        debug_assert!(!self.in_use && self.thread_free.is_empty_hint());
+        self.free = ptr::null_mut();
+        self.used = 0;
+        self.capacity = 0;
+        self.reserved = reserved;
+        self.class = class;
+        self.in_use = true;
+        self.queued = false;
+        self.block_size = block_size;
+        self.next = ptr::null_mut();
+        self.prev = ptr::null_mut();
+        self.area = area;
+    }
+
+    /// Forget the page's blocks (all of them are free: `used == 0`).
+    pub fn reset(&mut self) {
+        debug_assert!(self.used == 0 && !self.queued);
+        self.free = ptr::null_mut();
+        self.capacity = 0;
+        self.reserved = 0;
+        self.in_use = false;
+    }
+
+    /// Owner: take a block from `free`, or null if it is empty. Takes a raw
+    /// pointer because the static empty page is popped from by every thread
+    /// (always finding null, so never writing it).
+    ///
+    /// # Safety
+    /// `page` is a valid page the calling thread owns, or the static empty page.
+    #[inline(always)]
+    pub unsafe fn pop(page: *mut Page) -> *mut Block {
+        // SAFETY: `page` is valid (caller contract); blocks on `free` are free
+        // blocks of the page whose first word is a valid link (Page invariant);
+        // the writes happen only for a non-empty list, so never to the static page.
+        unsafe {
+            let block = (*page).free;
+            if !block.is_null() {
+                (*page).free = (*block).next;
+                (*page).used += 1;
+            }
+            block
+        }
+    }
+
+    /// Owner: return a block to `free`. Returns true when the page just became
+    /// empty (no live block).
+    ///
+    /// # Safety
+    /// `block` is a live block of this page, freed once, by the owner.
+    #[inline(always)]
+    pub unsafe fn push_local(&mut self, block: *mut Block) -> bool {
+        // SAFETY: the caller hands the block back; it is ours to link.
+        unsafe { (*block).next = self.free };
+        self.free = block;
+        self.used -= 1;
+        self.used == 0
+    }
+
+    /// Owner: move every remotely freed block onto `free`. Returns how many.
+    pub fn collect_remote(&mut self) -> u32 {
+        let head = self.thread_free.take_all();
+        if head.is_null() {
+            return 0;
+        }
+        let mut count = 1u32;
+        let mut tail = head;
+        // SAFETY: the swap in `take_all` (Acquire) made every pushed block's
+        // link visible; the list is now ours alone and null-terminated.
+        unsafe {
+            while !(*tail).next.is_null() {
+                tail = (*tail).next;
+                count += 1;
+            }
+            (*tail).next = self.free;
+        }
+        self.free = head;
+        self.used -= count;
+        count
+    }
+
+    /// Owner: thread more never-used blocks onto `free` (an OS page or a few
+    /// at a time). Returns false if the page has no untouched blocks left.
+    pub fn extend(&mut self, extend_bytes: usize) -> bool {
+        let remaining = self.reserved - self.capacity;
+        if remaining == 0 {
+            return false;
+        }
+        let step = (extend_bytes / self.block_size).clamp(1, remaining as usize) as u32;
+        let size = self.block_size;
+        // SAFETY: blocks `capacity .. capacity + step` lie inside the area
+        // (`capacity + step <= reserved`) and were never handed out.
+        unsafe {
+            let first = self.area.add(self.capacity as usize * size);
+            let mut block = first;
+            for _ in 1..step {
+                let next = block.add(size);
+                (*block.cast::<Block>()).next = next.cast();
+                block = next;
+            }
+            (*block.cast::<Block>()).next = self.free;
+            self.free = first.cast();
+        }
+        self.capacity += step;
+        true
+    }
+
+    /// Whether every block threaded so far is free locally.
+    #[inline]
+    pub fn is_unused(&self) -> bool {
+        self.used == 0
+    }
+}
