@@ -76,6 +76,7 @@ impl Abandoned {
     }
 
     /// The lock, for the fork handlers.
+    #[cfg(not(loom))]
     pub(crate) fn lock_ref(&self) -> &SpinLock<AbandonedList> {
         &self.list
     }
