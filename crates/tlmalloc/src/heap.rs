@@ -206,9 +206,11 @@ pub fn malloc_aligned(size: usize, align: usize) -> *mut u8 {
     if align <= crate::config::POOL_ALIGN_MAX {
         // A class at or above `round_up(size, align)` is a multiple of
         // `align` (see size_class.rs) and its page area is aligned to it.
-        let rounded = (size.max(1) + align - 1) & !(align - 1);
-        if rounded <= MEDIUM_SIZE_MAX {
-            return alloc_class(os::thread_heap(), class_of(rounded));
+        if size <= MEDIUM_SIZE_MAX {
+            let rounded = (size.max(1) + align - 1) & !(align - 1);
+            if rounded <= MEDIUM_SIZE_MAX {
+                return alloc_class(os::thread_heap(), class_of(rounded));
+            }
         }
     }
     large::large_alloc(size, align)
@@ -255,20 +257,15 @@ unsafe fn free_slow(segment: *mut Segment, p: *mut u8) {
     }
 }
 
-/// The last live block of a page came back to its owner. Release the page
-/// unless allocations are coming from it (then it stays, so an alloc/free
-/// loop does not carve a fresh page each time).
+/// The last live block of a page came back to its owner: give the page back
+/// to its segment. Never the current page of its class: that one carries the
+/// pin (see `refresh_current`), so its `used` cannot reach 0 on a free and an
+/// alloc/free loop on one block never comes here.
 #[cold]
 #[inline(never)]
 unsafe fn page_emptied(heap: *mut ThreadHeap, page: *mut Page) {
     // SAFETY: the calling thread owns `heap` and `page` (free fast path).
-    unsafe {
-        let class = (*page).class as usize;
-        if (*heap).current[class] == page {
-            return;
-        }
-        release_page(heap, page);
-    }
+    unsafe { release_page(heap, page) }
 }
 
 // ---------------------------------------------------------------------------
@@ -437,14 +434,29 @@ unsafe fn release_page(heap: *mut ThreadHeap, page: *mut Page) {
 // Page queues and segment lists (owner only)
 // ---------------------------------------------------------------------------
 
-/// Keep `current` and `direct` equal to the queue's first page (ThreadHeap invariant).
+/// Keep `current` and `direct` equal to the queue's first page (ThreadHeap
+/// invariant), moving the pin from the old current page to the new one.
+///
+/// The pin is one phantom unit in the current page's `used`: it keeps
+/// `used` above 0 while allocations come from the page, so a local free
+/// never finds the current page empty (and never leaves the fast path for
+/// it). A page that loses the pin with no live block is left queued; the
+/// next scan, `collect` or thread exit finds it empty.
 unsafe fn refresh_current(heap: *mut ThreadHeap, class: usize) {
-    // SAFETY: owner access (caller contract).
+    // SAFETY: owner access (caller contract); a current page other than the
+    // static empty page is a live page of this heap, so its pin is ours.
     unsafe {
         let first = (*heap).queues[class].first;
         let page = if first.is_null() { empty_page() } else { first };
-        if (*heap).current[class] == page {
+        let old = (*heap).current[class];
+        if old == page {
             return;
+        }
+        if old != empty_page() {
+            (*old).used -= 1;
+        }
+        if page != empty_page() {
+            (*page).used += 1;
         }
         (*heap).current[class] = page;
         if class_size(class) <= DIRECT_SIZE_MAX {
@@ -705,6 +717,10 @@ pub fn collect() {
                 while !page.is_null() {
                     let next = (*page).next;
                     (*page).collect_remote();
+                    if (*heap).current[class] == page && (*page).used == 1 {
+                        // Only the pin holds it: unqueue it, which drops the pin.
+                        queue_remove(heap, page);
+                    }
                     if (*page).is_unused() {
                         release_page(heap, page);
                     }
@@ -760,7 +776,11 @@ unsafe fn check_heap(heap: *mut ThreadHeap) {
                     free_len += 1;
                     block = (*block).next;
                 }
-                crate::report::check(p.capacity == p.used + free_len, "page accounting broken");
+                let pin = u32::from((*heap).current[class] == page);
+                crate::report::check(
+                    p.capacity + pin == p.used + free_len,
+                    "page accounting broken",
+                );
                 let segment = Segment::of(page.cast());
                 crate::report::check(
                     (*segment).owner() == heap as usize,

@@ -86,11 +86,13 @@ impl ThreadFree {
 /// Page metadata, kept in its segment's header (never inside the page).
 ///
 /// Invariants, for a page in use (`in_use`):
-/// - `capacity == used + len(free)`: blocks threaded so far are either on the
-///   owner's `free` list or counted in `used`;
+/// - `capacity + pin == used + len(free)`: blocks threaded so far are either
+///   on the owner's `free` list or counted in `used`, and `used` carries one
+///   more unit (`pin == 1`) while the page is its heap's current page of its
+///   class (see `heap::refresh_current`);
 /// - blocks on `thread_free` are counted in `used` until the owner collects them;
 /// - `capacity <= reserved`; blocks `capacity..reserved` of the area are untouched;
-/// - `used == 0` means no block of the page is live: the page may be released.
+/// - `used == 0` means no block is live and the page is not current: it may be released.
 ///
 /// Field access: `thread_free` is shared (atomic); every other field is
 /// written only by the thread that owns the page's segment (or by whoever
