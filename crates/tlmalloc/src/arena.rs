@@ -30,6 +30,8 @@ pub(crate) static CACHE: SpinLock<SegmentCache> = SpinLock::new(SegmentCache {
 
 /// A standard 4 MiB segment of `kind` with no owner, or null when the OS
 /// refuses memory.
+#[cold]
+#[inline(never)]
 pub fn segment_alloc(kind: SegmentKind) -> *mut Segment {
     let cached = {
         let mut cache = CACHE.lock();

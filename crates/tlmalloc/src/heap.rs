@@ -315,6 +315,7 @@ fn alloc_slow(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
 ///
 /// # Safety
 /// The calling thread owns `heap`.
+#[inline(never)]
 unsafe fn find_page(heap: *mut ThreadHeap, class: usize) -> *mut Page {
     // SAFETY: owner access to the heap and its pages (caller contract).
     unsafe {
@@ -368,6 +369,8 @@ unsafe fn scan_queue(heap: *mut ThreadHeap, class: usize) -> Option<*mut Page> {
 ///
 /// # Safety
 /// The calling thread owns `heap`.
+#[cold]
+#[inline(never)]
 unsafe fn fresh_page(heap: *mut ThreadHeap, class: usize) -> *mut Page {
     let (kind, list) = if class < FIRST_MEDIUM_CLASS {
         (SegmentKind::Small, LIST_SMALL_AVAIL)
@@ -666,6 +669,8 @@ unsafe fn abandon_heap(heap: *mut ThreadHeap) {
 ///
 /// # Safety
 /// The calling thread owns `heap`.
+#[cold]
+#[inline(never)]
 unsafe fn adopt_abandoned(heap: *mut ThreadHeap) -> bool {
     let segment = ABANDONED.adopt(heap as usize);
     if segment.is_null() {

@@ -87,10 +87,13 @@ mod api {
     unsafe impl GlobalAlloc for TlMalloc {
         #[inline(always)]
         unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-            if layout.align() <= 16 {
+            // The alignment is almost always a constant, so only one arm survives.
+            if layout.align() <= 8 {
+                heap::malloc(layout.size())
+            } else if layout.align() <= 16 {
                 // A block of 16 bytes or more is 16-aligned; only the 8-byte
                 // class is 8-aligned, and `max` keeps 16-aligned layouts out of it.
-                heap::malloc(layout.size().max(layout.align()))
+                heap::malloc(layout.size().max(16))
             } else {
                 heap::malloc_aligned(layout.size(), layout.align())
             }

@@ -259,6 +259,7 @@ impl Page {
 
     /// Owner: thread more never-used blocks onto `free` (an OS page or a few
     /// at a time). Returns false if the page has no untouched blocks left.
+    #[inline(never)]
     pub fn extend(&mut self, extend_bytes: usize) -> bool {
         let remaining = self.reserved - self.capacity;
         if remaining == 0 {
