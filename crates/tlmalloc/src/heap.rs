@@ -350,6 +350,9 @@ unsafe fn scan_queue(heap: *mut ThreadHeap, class: usize) -> Option<*mut Page> {
             if page.is_null() {
                 return None;
             }
+            if (*page).collect_local() {
+                return Some(page);
+            }
             (*page).collect_remote();
             if !(*page).free.is_null() || (*page).extend(PAGE_EXTEND_BYTES) {
                 return Some(page);
@@ -771,15 +774,19 @@ unsafe fn check_heap(heap: *mut ThreadHeap) {
                 crate::report::check(p.prev == prev, "broken page queue links");
                 crate::report::check(p.capacity <= p.reserved, "page capacity above reserved");
                 let mut free_len = 0u32;
-                let mut block = p.free;
-                while !block.is_null() {
-                    let offset = block as usize - p.area as usize;
-                    crate::report::check(
-                        offset % p.block_size == 0 && offset / p.block_size < p.capacity as usize,
-                        "free block outside its page",
-                    );
-                    free_len += 1;
-                    block = (*block).next;
+                for head in [p.free, p.local_free] {
+                    let mut block = head;
+                    while !block.is_null() {
+                        let offset = (block as usize).wrapping_sub(p.area as usize);
+                        crate::report::check(
+                            offset % p.block_size == 0
+                                && offset / p.block_size < p.capacity as usize,
+                            "free block outside its page",
+                        );
+                        free_len += 1;
+                        crate::report::check(free_len <= p.capacity, "cycle in a free list");
+                        block = (*block).next;
+                    }
                 }
                 let pin = u32::from((*heap).current[class] == page);
                 crate::report::check(

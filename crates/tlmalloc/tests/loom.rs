@@ -92,7 +92,10 @@ fn remote_frees_race_owner_collect() {
         for t in remote {
             t.join().unwrap();
         }
-        unsafe { (*page.0).collect_remote() };
+        unsafe {
+            (*page.0).collect_remote();
+            (*page.0).collect_local();
+        }
         let page = unsafe { &*page.0 };
         assert_eq!(page.used, 0);
         assert_eq!(free_list(page), handed.iter().copied().collect());
@@ -154,6 +157,7 @@ fn abandon_while_freeing_then_adopt() {
         }
         freer.join().unwrap();
         s.pages[0].collect_remote();
+        s.pages[0].collect_local();
         assert_eq!(s.pages[0].used, 0);
         assert_eq!(free_list(&s.pages[0]), handed.iter().copied().collect());
         assert!(abandoned.adopt(ADOPTER).is_null());
