@@ -322,7 +322,9 @@ unsafe fn find_page(heap: *mut ThreadHeap, class: usize) -> *mut Page {
         if let Some(page) = scan_queue(heap, class) {
             return page;
         }
-        if ABANDONED.maybe_nonempty() && adopt_abandoned(heap) {
+        // The process heap serves rare allocations of exiting threads: it
+        // adopts nothing, or what it adopted would sit there uncollected.
+        if (*heap).kind == HeapKind::Thread && ABANDONED.maybe_nonempty() && adopt_abandoned(heap) {
             if let Some(page) = scan_queue(heap, class) {
                 return page;
             }
@@ -720,24 +722,41 @@ pub fn collect() {
     unsafe {
         if (*heap).kind == HeapKind::Thread {
             while ABANDONED.maybe_nonempty() && adopt_abandoned(heap) {}
-            for class in 0..CLASS_COUNT {
-                let mut page = (*heap).queues[class].first;
-                while !page.is_null() {
-                    let next = (*page).next;
-                    (*page).collect_remote();
-                    if (*heap).current[class] == page && (*page).used == 1 {
-                        // Only the pin holds it: unqueue it, which drops the pin.
-                        queue_remove(heap, page);
-                    }
-                    if (*page).is_unused() {
-                        release_page(heap, page);
-                    }
-                    page = next;
+            sweep_heap(heap);
+        }
+    }
+    {
+        let mut process = PROCESS_HEAP.lock();
+        // SAFETY: the lock makes us the process heap's only user.
+        unsafe { sweep_heap(&mut *process) };
+    }
+    arena::cache_flush();
+}
+
+/// Collect every page's remote and local frees and release the empty pages
+/// (the current ones too, when only their pin holds them).
+///
+/// # Safety
+/// The calling thread owns `heap` (or holds the process heap's lock).
+unsafe fn sweep_heap(heap: *mut ThreadHeap) {
+    // SAFETY: owner access (caller contract).
+    unsafe {
+        for class in 0..CLASS_COUNT {
+            let mut page = (*heap).queues[class].first;
+            while !page.is_null() {
+                let next = (*page).next;
+                (*page).collect_remote();
+                if (*heap).current[class] == page && (*page).used == 1 {
+                    // Only the pin holds it: unqueue it, which drops the pin.
+                    queue_remove(heap, page);
                 }
+                if (*page).is_unused() {
+                    release_page(heap, page);
+                }
+                page = next;
             }
         }
     }
-    arena::cache_flush();
 }
 
 /// The calling thread's heap kind (for tests and diagnostics).

@@ -1,0 +1,172 @@
+//! Memory goes back to the OS: allocate 1 GiB in small blocks, free it all,
+//! `collect()`, and the bytes mapped from the OS return to where they were
+//! (within 16 MiB) — when the owner frees, when another thread frees
+//! (remote frees, collected by the owner), and when the owner exits before
+//! collecting (its segments are abandoned and `collect()` elsewhere adopts
+//! and releases them).
+
+use std::sync::Mutex;
+use std::thread;
+
+#[global_allocator]
+static GLOBAL: tlmalloc::TlMalloc = tlmalloc::TlMalloc;
+
+/// The counters are process-wide: run the tests of this file one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const TOTAL: usize = 1 << 30;
+const SLACK: usize = 16 << 20;
+
+fn mib(b: usize) -> f64 {
+    b as f64 / 1048576.0
+}
+
+/// xorshift64*.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+fn reserved() -> usize {
+    tlmalloc::stats::os_stats().reserved_bytes
+}
+
+/// Allocate `TOTAL` bytes in blocks of 16 ..= 1024 bytes, touching each.
+fn allocate_gib(seed: u64) -> Vec<usize> {
+    let mut rng = Rng(seed | 1);
+    let mut ptrs = Vec::new();
+    let mut bytes = 0usize;
+    while bytes < TOTAL {
+        let size = 16 + (rng.next() % 1009) as usize;
+        let p = tlmalloc::malloc(size);
+        assert!(!p.is_null(), "malloc({size}) failed after {bytes} bytes");
+        // SAFETY: a fresh block of `size` bytes.
+        unsafe {
+            *p = size as u8;
+            *p.add(size - 1) = 0xCD;
+        }
+        ptrs.push(p as usize);
+        bytes += size;
+    }
+    ptrs
+}
+
+/// Free every block, in a shuffled order.
+fn free_all(mut ptrs: Vec<usize>, seed: u64) {
+    let mut rng = Rng(seed | 1);
+    for i in (1..ptrs.len()).rev() {
+        let j = (rng.next() % (i as u64 + 1)) as usize;
+        ptrs.swap(i, j);
+    }
+    for p in ptrs {
+        // SAFETY: each pointer is a live block of ours, freed once.
+        unsafe {
+            let size = tlmalloc::usable_size(p as *const u8);
+            assert!(size >= 16);
+            tlmalloc::free(p as *mut u8);
+        }
+    }
+}
+
+fn report(what: &str, start: usize, full: usize, after_free: usize, after_collect: usize) {
+    let s = tlmalloc::stats::os_stats();
+    println!(
+        "{what}: reserved start {:.1} MiB, with 1 GiB live {:.1} MiB, after free {:.1} MiB, after collect {:.1} MiB (segments in use {}, abandoned {}, adopted {})",
+        mib(start),
+        mib(full),
+        mib(after_free),
+        mib(after_collect),
+        s.segments_in_use,
+        s.segments_abandoned,
+        s.segments_adopted
+    );
+    assert!(
+        full >= start + TOTAL,
+        "1 GiB live but reserved grew only to {full}"
+    );
+    assert!(
+        after_collect <= start + SLACK,
+        "{what}: reserved {:.1} MiB after collect, started at {:.1} MiB (slack {:.0} MiB)",
+        mib(after_collect),
+        mib(start),
+        mib(SLACK)
+    );
+}
+
+#[test]
+fn owner_frees_then_collects() {
+    let _guard = serial();
+    tlmalloc::collect();
+    let start = reserved();
+    let ptrs = allocate_gib(1);
+    let full = reserved();
+    free_all(ptrs, 2);
+    let after_free = reserved();
+    tlmalloc::collect();
+    report("same thread", start, full, after_free, reserved());
+}
+
+#[test]
+fn other_thread_frees_owner_collects() {
+    let _guard = serial();
+    tlmalloc::collect();
+    let start = reserved();
+    let owner = thread::spawn(move || {
+        let ptrs = allocate_gib(3);
+        let full = reserved();
+        // Every free is a remote free into the owner's pages.
+        thread::spawn(move || free_all(ptrs, 4)).join().unwrap();
+        let after_free = reserved();
+        tlmalloc::collect();
+        (full, after_free, reserved())
+    });
+    let (full, after_free, after_collect) = owner.join().unwrap();
+    report(
+        "remote frees, owner collects",
+        start,
+        full,
+        after_free,
+        after_collect,
+    );
+}
+
+#[test]
+fn owner_exits_before_collecting() {
+    let _guard = serial();
+    tlmalloc::collect();
+    let start = reserved();
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<usize>>();
+    let owner = thread::spawn(move || {
+        let ptrs = allocate_gib(5);
+        let full = reserved();
+        tx.send(ptrs).unwrap();
+        full
+    });
+    let ptrs = rx.recv().unwrap();
+    let full = owner.join().unwrap();
+    // The owner is gone: its segments were abandoned with every block live.
+    let freer = thread::spawn(move || free_all(ptrs, 6));
+    freer.join().unwrap();
+    let after_free = reserved();
+    // This thread adopts the abandoned segments and releases the empty ones.
+    tlmalloc::collect();
+    report(
+        "owner exited, collect elsewhere",
+        start,
+        full,
+        after_free,
+        reserved(),
+    );
+}
