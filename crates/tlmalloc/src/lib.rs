@@ -20,6 +20,7 @@
 
 #![no_std]
 #![cfg_attr(not(loom), deny(clippy::undocumented_unsafe_blocks))]
+#![allow(clippy::new_without_default)] // const constructors of static-only types
 
 #[cfg(any(feature = "std", loom))]
 extern crate std;
@@ -211,10 +212,11 @@ mod api {
         if p.is_null() {
             return;
         }
-        match locate(p, "free") {
-            // SAFETY: a header-below block is a live large block (caller contract).
-            (segment, _) => unsafe { large::large_free(segment) },
-        }
+        let (segment, _) = locate(p, "free");
+        // SAFETY: `locate` returned (it aborts on a foreign pointer), so `p`
+        // starts a block aligned to 4 MiB or more: a live large block
+        // (caller contract).
+        unsafe { large::large_free(segment) }
     }
 
     /// The segment and page of `p`, or a report and abort when `p` is not

@@ -236,8 +236,15 @@ impl Segment {
     /// its start (aligned to the block size's natural alignment, so every
     /// block of a class that is a multiple of `a` is `a`-aligned) and how many
     /// blocks fit.
-    pub fn page_area(segment: *mut Segment, index: usize, block_size: usize) -> (*mut u8, u32) {
-        // SAFETY: only the constant `page_shift` is read.
+    ///
+    /// # Safety
+    /// `segment` is a live segment header.
+    pub unsafe fn page_area(
+        segment: *mut Segment,
+        index: usize,
+        block_size: usize,
+    ) -> (*mut u8, u32) {
+        // SAFETY: the caller guarantees a live header; only the constant `page_shift` is read.
         let shift = unsafe { (*segment).page_shift };
         let base = segment as usize;
         let page_start = base + (index << shift);

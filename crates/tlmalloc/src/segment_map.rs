@@ -23,10 +23,12 @@ const CHUNKS: usize = 1 << (ADDRESS_BITS - SEGMENT_SHIFT);
 #[repr(C, align(4096))]
 struct Map([AtomicU8; CHUNKS]);
 
-// SAFETY (of the transmute): AtomicU8 has the size and bit validity of u8,
-// and an all-zero array is the intended start state (every chunk foreign).
-static MAP: Map =
-    Map(unsafe { core::mem::transmute::<[u8; CHUNKS], [AtomicU8; CHUNKS]>([0u8; CHUNKS]) });
+/// All zero: every chunk foreign.
+static MAP: Map = Map(
+    // SAFETY: AtomicU8 has the size and bit validity of u8, and an all-zero
+    // array is the intended start state.
+    unsafe { core::mem::transmute::<[u8; CHUNKS], [AtomicU8; CHUNKS]>([0u8; CHUNKS]) },
+);
 
 #[inline(always)]
 fn index(p: usize) -> usize {
