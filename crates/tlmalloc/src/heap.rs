@@ -12,12 +12,15 @@ use core::ptr;
 
 use crate::abandoned::Abandoned;
 use crate::arena;
+use crate::config::OS_PAGE_SIZE;
 use crate::config::{
     DIRECT_SIZE_MAX, DIRECT_SLOTS, MEDIUM_SIZE_MAX, PAGE_EXTEND_BYTES, PAGE_SCAN_MAX,
 };
 use crate::large;
+use crate::large_cache::{self, LocalLargeCache, LARGE_CACHE_SIZE_MAX};
 use crate::os;
 use crate::page::{Block, Page};
+use crate::purge::{self, PurgePolicy};
 use crate::segment::{Segment, SegmentKind};
 use crate::size_class::{class_of, class_size, direct_class, CLASS_COUNT, FIRST_MEDIUM_CLASS};
 use crate::stats;
@@ -81,6 +84,16 @@ pub struct ThreadHeap {
     kind: HeapKind,
     /// Link in the heap pool's free list.
     pool_next: *mut ThreadHeap,
+    /// Freed large blocks kept for this thread's next large requests.
+    local_large: LocalLargeCache,
+    /// Coarse clock (ms) as of the last purge tick: timestamps frees cheaply.
+    clock_ms: u64,
+    /// When this heap's next purge pass is due.
+    next_purge_ms: u64,
+    /// Slow-path calls left before the next clock read.
+    purge_countdown: u32,
+    /// Large blocks this thread took from its local cache.
+    large_local_hits: usize,
 }
 
 impl ThreadHeap {
@@ -91,6 +104,74 @@ impl ThreadHeap {
     pub unsafe fn pool_next(heap: *mut ThreadHeap) -> *mut ThreadHeap {
         // SAFETY: the pool wrote this field when it took the heap back.
         unsafe { (*heap).pool_next }
+    }
+
+    /// The purge countdown (owner only).
+    ///
+    /// # Safety
+    /// The calling thread owns `heap`.
+    pub(crate) unsafe fn purge_countdown<'a>(heap: *mut ThreadHeap) -> &'a mut u32 {
+        // SAFETY: caller contract.
+        unsafe { &mut (*heap).purge_countdown }
+    }
+
+    /// Record the clock read by a purge tick.
+    ///
+    /// # Safety
+    /// The calling thread owns `heap`.
+    pub(crate) unsafe fn set_clock(heap: *mut ThreadHeap, now_ms: u64) {
+        // SAFETY: caller contract.
+        unsafe { (*heap).clock_ms = now_ms };
+    }
+
+    /// When the heap's next purge pass is due.
+    ///
+    /// # Safety
+    /// The calling thread owns `heap`.
+    pub(crate) unsafe fn next_purge_ms(heap: *mut ThreadHeap) -> u64 {
+        // SAFETY: caller contract.
+        unsafe { (*heap).next_purge_ms }
+    }
+
+    /// Schedule the heap's next purge pass.
+    ///
+    /// # Safety
+    /// The calling thread owns `heap`.
+    pub(crate) unsafe fn set_next_purge_ms(heap: *mut ThreadHeap, at_ms: u64) {
+        // SAFETY: caller contract.
+        unsafe { (*heap).next_purge_ms = at_ms };
+    }
+
+    /// Purge what this heap holds: dirty free pages of its segments and its
+    /// local large cache (`force`: everything, releasing cached blocks).
+    ///
+    /// # Safety
+    /// The calling thread owns `heap`.
+    pub(crate) unsafe fn purge_owned(
+        heap: *mut ThreadHeap,
+        now_ms: u64,
+        policy: PurgePolicy,
+        force: bool,
+    ) {
+        // SAFETY: owner access (caller contract).
+        unsafe {
+            for list in [LIST_SMALL_AVAIL, LIST_MEDIUM_AVAIL] {
+                let mut segment = (*heap).segments[list as usize].first;
+                while !segment.is_null() {
+                    purge::purge_dirty_pages(segment, now_ms, policy, force);
+                    segment = (*segment).next;
+                }
+            }
+            (*heap).local_large.retain(|segment| {
+                // SAFETY: the local cache owns `segment` during the call.
+                if !force && purge::keep_cached_large(segment, now_ms, policy) {
+                    return false;
+                }
+                // SAFETY: evicted: ours to release.
+                large::large_release(segment);
+                true
+            });
+        }
     }
 
     /// Set the heap pool's link.
@@ -131,6 +212,11 @@ impl ThreadHeap {
             }; LIST_COUNT],
             kind,
             pool_next: ptr::null_mut(),
+            local_large: LocalLargeCache::new(),
+            clock_ms: 0,
+            next_purge_ms: 0,
+            purge_countdown: 1,
+            large_local_hits: 0,
         }
     }
 }
@@ -181,7 +267,7 @@ fn malloc_generic(heap: *mut ThreadHeap, size: usize) -> *mut u8 {
     if size <= MEDIUM_SIZE_MAX {
         alloc_class(heap, class_of(size))
     } else {
-        large::large_alloc(size, 16)
+        large_alloc(size, 16, false)
     }
 }
 
@@ -213,7 +299,7 @@ pub fn malloc_aligned(size: usize, align: usize) -> *mut u8 {
             }
         }
     }
-    large::large_alloc(size, align)
+    large_alloc(size, align, false)
 }
 
 /// Free `p`, a block this allocator handed out and not yet freed.
@@ -249,7 +335,7 @@ unsafe fn free_slow(segment: *mut Segment, p: *mut u8) {
     // SAFETY: the caller passes a live segment and a live block in it.
     unsafe {
         if (*segment).kind == SegmentKind::Large {
-            large::large_free(segment);
+            large_free(segment);
             return;
         }
         let page = Segment::page_of(segment, p);
@@ -265,7 +351,113 @@ unsafe fn free_slow(segment: *mut Segment, p: *mut u8) {
 #[inline(never)]
 unsafe fn page_emptied(heap: *mut ThreadHeap, page: *mut Page) {
     // SAFETY: the calling thread owns `heap` and `page` (free fast path).
-    unsafe { release_page(heap, page) }
+    unsafe {
+        purge::tick(heap);
+        release_page(heap, page);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Large blocks and their recycle cache
+// ---------------------------------------------------------------------------
+
+/// Allocate a large block (above `MEDIUM_SIZE_MAX`, or aligned above
+/// `POOL_ALIGN_MAX`): from this thread's cache, the shared cache, or a new
+/// mapping. With `zero`, the first `size` bytes read as zero (cleared only
+/// when the memory is not known to be fresh from the OS).
+#[cold]
+#[inline(never)]
+pub fn large_alloc(size: usize, align: usize, zero: bool) -> *mut u8 {
+    let Some(usable) = large::large_usable(size) else {
+        return ptr::null_mut();
+    };
+    let mut segment = ptr::null_mut();
+    if align <= OS_PAGE_SIZE && usable <= LARGE_CACHE_SIZE_MAX {
+        let heap = os::thread_heap();
+        // SAFETY: `heap` is this thread's heap; only a thread heap is touched.
+        unsafe {
+            if (*heap).kind == HeapKind::Thread {
+                purge::tick(heap);
+                segment = (*heap).local_large.take(usable);
+                if !segment.is_null() {
+                    (*heap).large_local_hits += 1;
+                }
+            }
+        }
+        if segment.is_null() {
+            segment = large_cache::shared_take(usable);
+            stats::record_large_cache(!segment.is_null());
+        }
+        if !segment.is_null() {
+            // SAFETY: a cache handed us the segment; it has room for `usable`.
+            unsafe {
+                let p = large::large_reuse(segment, usable);
+                if zero && !(*segment).zeroed {
+                    ptr::write_bytes(p, 0, size);
+                }
+                return p;
+            }
+        }
+    }
+    let segment = large::large_map(usable, align);
+    if segment.is_null() {
+        return ptr::null_mut();
+    }
+    // SAFETY: a fresh large segment.
+    unsafe {
+        let p = large::large_block(segment);
+        if zero && !(*segment).zeroed {
+            ptr::write_bytes(p, 0, size);
+        }
+        p
+    }
+}
+
+/// Free the block of a large segment: keep it in this thread's cache, else
+/// the shared cache, else release it.
+///
+/// # Safety
+/// `segment` is a live large segment whose block is being freed once.
+pub unsafe fn large_free(segment: *mut Segment) {
+    // SAFETY: the caller hands us the block's segment.
+    unsafe {
+        if large::large_cacheable(segment) {
+            let heap = os::thread_heap();
+            if (*heap).kind == HeapKind::Thread {
+                purge::tick(heap);
+                large::large_mark_cached(segment, (*heap).clock_ms);
+                if (*heap).local_large.put(segment) {
+                    return;
+                }
+            } else {
+                large::large_mark_cached(segment, os::now_ms());
+            }
+            if large_cache::shared_put(segment) {
+                return;
+            }
+        }
+        large::large_release(segment);
+    }
+}
+
+/// Release every cached large block and empty segment, this thread's and the
+/// process's (used when the reservation cap is reached, and by `collect`).
+pub fn release_caches() {
+    let heap = os::thread_heap();
+    // SAFETY: `heap` is this thread's heap; only a thread heap is touched.
+    unsafe {
+        if (*heap).kind == HeapKind::Thread {
+            ThreadHeap::purge_owned(heap, os::now_ms(), PurgePolicy::current(), true);
+        }
+    }
+    purge::purge_shared(os::now_ms(), true);
+}
+
+/// Large blocks the calling thread took from its own cache, and the bytes it holds.
+pub fn thread_large_cache() -> (usize, usize) {
+    let heap = os::thread_heap();
+    // SAFETY: reading this thread's heap (static heaps hold zeros).
+    unsafe { ((*heap).large_local_hits, (*heap).local_large.bytes()) }
 }
 
 // ---------------------------------------------------------------------------
@@ -298,6 +490,10 @@ fn alloc_slow(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
     unsafe {
         check_heap(heap)
     };
+    if kind == HeapKind::Thread {
+        // SAFETY: the calling thread owns `heap`, a thread heap.
+        unsafe { purge::tick(heap) };
+    }
     // SAFETY: the calling thread owns `heap` (or holds the process heap's lock).
     unsafe {
         let page = find_page(heap, class);
@@ -422,7 +618,7 @@ unsafe fn release_page(heap: *mut ThreadHeap, page: *mut Page) {
         let segment = Segment::of(page.cast());
         let was_full = (*segment).free_mask == 0;
         let index = (*segment).page_index(page);
-        if (*segment).release_page(index) {
+        if (*segment).release_page(index, (*heap).clock_ms) {
             segment_list_remove(heap, segment);
             (*segment).set_owner(0);
             arena::segment_free(segment);
@@ -642,6 +838,13 @@ fn thread_exit(heap: *mut ThreadHeap) {
 unsafe fn abandon_heap(heap: *mut ThreadHeap) {
     // SAFETY: owner access (caller contract).
     unsafe {
+        (*heap).local_large.retain(|segment| {
+            // SAFETY: evicted from the local cache: ours to pass on or release.
+            if !large_cache::shared_put(segment) {
+                large::large_release(segment);
+            }
+            true
+        });
         for class in 0..CLASS_COUNT {
             loop {
                 let page = (*heap).queues[class].first;
@@ -730,7 +933,7 @@ pub fn collect() {
         // SAFETY: the lock makes us the process heap's only user.
         unsafe { sweep_heap(&mut *process) };
     }
-    arena::cache_flush();
+    release_caches();
 }
 
 /// Collect every page's remote and local frees and release the empty pages

@@ -4,7 +4,6 @@
 use core::ptr;
 
 use crate::heap::ThreadHeap;
-use crate::os;
 use crate::sync::SpinLock;
 
 const CHUNK_SIZE: usize = 64 * 1024;
@@ -38,7 +37,7 @@ pub fn heap_alloc() -> *mut ThreadHeap {
         return heap;
     }
     if pool.cursor + HEAP_STRIDE > pool.end {
-        let chunk = os::map(CHUNK_SIZE);
+        let chunk = crate::arena::map(CHUNK_SIZE);
         if chunk.is_null() {
             return ptr::null_mut();
         }

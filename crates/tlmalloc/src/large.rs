@@ -1,20 +1,28 @@
 //! Large blocks: anything above `MEDIUM_SIZE_MAX`, or aligned beyond
 //! `POOL_ALIGN_MAX`, gets a segment of its own.
 //!
-//! A block that fits a standard 4 MiB segment takes one from the segment
-//! cache (so a 1 MiB alloc/free loop maps nothing after the first call); a
-//! bigger one is mapped for it. Either way the block is found through page
-//! slot 0 of its header (`page_shift == 63`), has no owner (so every free of
-//! it takes the slow path, from any thread) and is released on free.
+//! The block is found through page slot 0 of its header (`page_shift ==
+//! 63`) and has no owner, so every free of it takes the slow path, from any
+//! thread. Up to `LARGE_CACHE_SIZE_MAX` the usable size is rounded to a
+//! size class (8 per doubling, so at most 12.5 % more address space, and
+//! only what is touched becomes resident), which lets a freed block serve
+//! the next request of a nearby size from the recycle cache
+//! (`large_cache.rs`) with no system call. Beyond that, sizes are rounded
+//! to the OS page and mapped per block.
+//!
+//! This file maps, reuses, grows and releases large segments; which cache
+//! a freed one goes to is decided in `heap.rs`.
 
 use core::ptr;
 
 use crate::arena;
-use crate::config::{OS_PAGE_SIZE, SEGMENT_SIZE};
+use crate::config::{MEDIUM_SIZE_MAX, OS_PAGE_SIZE, SEGMENT_SIZE};
+use crate::large_cache::LARGE_CACHE_SIZE_MAX;
 use crate::os;
 use crate::page::Page;
 use crate::segment::{Segment, SegmentKind, SEGMENT_HEADER_SIZE};
 use crate::segment_map::{self, CHUNK_FOREIGN, CHUNK_HEADER_BELOW, CHUNK_SEGMENT};
+use crate::size_class::{class_of_const, class_size_const};
 use crate::stats;
 
 #[inline]
@@ -25,28 +33,37 @@ const fn round_up(n: usize, to: usize) -> Option<usize> {
     }
 }
 
-/// The usable size a large request of `size` bytes gets (None: impossible).
+/// Where a large block starts in its segment (alignment up to the OS page).
+pub const LARGE_BLOCK_OFFSET: usize =
+    (SEGMENT_HEADER_SIZE + OS_PAGE_SIZE - 1) & !(OS_PAGE_SIZE - 1);
+
+/// The usable size a large request of `size` bytes gets (None: impossible):
+/// its size class within the cache's range, else the next OS page.
 pub const fn large_usable(size: usize) -> Option<usize> {
-    round_up(if size == 0 { 1 } else { size }, OS_PAGE_SIZE)
+    if size <= LARGE_CACHE_SIZE_MAX {
+        let n = if size <= MEDIUM_SIZE_MAX {
+            MEDIUM_SIZE_MAX + 1
+        } else {
+            size
+        };
+        Some(class_size_const(class_of_const(n)))
+    } else {
+        round_up(size, OS_PAGE_SIZE)
+    }
 }
 
-/// Allocate a large block of `size` bytes aligned to `align` (a power of
-/// two). Null when the request cannot be met.
-pub fn large_alloc(size: usize, align: usize) -> *mut u8 {
-    let Some(usable) = large_usable(size) else {
-        return ptr::null_mut();
-    };
+/// Map a new segment for a block of `usable` bytes aligned to `align` and
+/// install the block. Null when the request cannot be met.
+pub fn large_map(usable: usize, align: usize) -> *mut Segment {
     if align >= SEGMENT_SIZE {
-        return large_alloc_header_below(usable, align);
+        return large_map_header_below(usable, align);
     }
-    let Some(offset) = round_up(
-        SEGMENT_HEADER_SIZE,
-        if align > OS_PAGE_SIZE {
-            align
-        } else {
-            OS_PAGE_SIZE
-        },
-    ) else {
+    let block_align = if align > OS_PAGE_SIZE {
+        align
+    } else {
+        OS_PAGE_SIZE
+    };
+    let Some(offset) = round_up(SEGMENT_HEADER_SIZE, block_align) else {
         return ptr::null_mut();
     };
     let Some(total) = offset.checked_add(usable) else {
@@ -58,7 +75,7 @@ pub fn large_alloc(size: usize, align: usize) -> *mut u8 {
         let Some(map_size) = round_up(total, OS_PAGE_SIZE) else {
             return ptr::null_mut();
         };
-        let base = os::map_aligned(map_size, SEGMENT_SIZE);
+        let base = arena::map_aligned(map_size, SEGMENT_SIZE);
         if base.is_null() {
             return ptr::null_mut();
         }
@@ -70,24 +87,25 @@ pub fn large_alloc(size: usize, align: usize) -> *mut u8 {
         segment
     };
     if segment.is_null() {
-        return ptr::null_mut();
+        return segment;
     }
     // SAFETY: `segment` is a live large header whose mapping holds `offset + usable` bytes.
-    unsafe { install_block(segment, offset, usable) }
+    unsafe { install_block(segment, offset, usable) };
+    segment
 }
 
 /// A block aligned to 4 MiB or more: its address is a chunk boundary, so its
 /// header goes in the chunk just below, marked `CHUNK_HEADER_BELOW` at the block.
-fn large_alloc_header_below(usable: usize, align: usize) -> *mut u8 {
+fn large_map_header_below(usable: usize, align: usize) -> *mut Segment {
     let Some(map_size) = usable
         .checked_add(SEGMENT_SIZE)
         .and_then(|n| n.checked_add(align))
     else {
         return ptr::null_mut();
     };
-    let raw = os::map(map_size);
+    let raw = arena::map(map_size);
     if raw.is_null() {
-        return raw;
+        return ptr::null_mut();
     }
     let block = (raw as usize + SEGMENT_SIZE + align - 1) & !(align - 1);
     let header = block - SEGMENT_SIZE;
@@ -117,14 +135,16 @@ fn large_alloc_header_below(usable: usize, align: usize) -> *mut u8 {
     segment_map::set_chunk(block as *mut u8, CHUNK_HEADER_BELOW);
     stats::add_segments_in_use(1);
     // SAFETY: as above; the block starts SEGMENT_SIZE into the mapping.
-    unsafe { install_block(segment, SEGMENT_SIZE, usable) }
+    unsafe { install_block(segment, SEGMENT_SIZE, usable) };
+    segment
 }
 
 /// Describe the single block of a large segment in page slot 0.
 ///
 /// # Safety
-/// `segment` is a fresh large header whose mapping holds `offset + usable` bytes.
-unsafe fn install_block(segment: *mut Segment, offset: usize, usable: usize) -> *mut u8 {
+/// `segment` is a large header held by the caller whose mapping holds
+/// `offset + usable` bytes.
+unsafe fn install_block(segment: *mut Segment, offset: usize, usable: usize) {
     // SAFETY: the caller guarantees the header is live and ours.
     unsafe {
         let block = segment.cast::<u8>().add(offset);
@@ -134,8 +154,17 @@ unsafe fn install_block(segment: *mut Segment, offset: usize, usable: usize) -> 
         page.used = 1;
         (*segment).free_mask = 0;
         (*segment).used_pages = 1;
-        block
     }
+}
+
+/// The block of a large segment.
+///
+/// # Safety
+/// `segment` is a live large segment.
+#[inline]
+pub unsafe fn large_block(segment: *mut Segment) -> *mut u8 {
+    // SAFETY: constant while the block is live.
+    unsafe { (*segment).pages[0].area }
 }
 
 /// Bytes the block of a large segment may grow to without moving.
@@ -150,12 +179,75 @@ pub unsafe fn large_capacity(segment: *mut Segment) -> usize {
     }
 }
 
-/// Free the block of a large segment (from any thread).
+/// Whether a freed large segment may go to the recycle cache.
 ///
 /// # Safety
-/// `segment` is a live large segment whose block is being freed once.
-pub unsafe fn large_free(segment: *mut Segment) {
-    // SAFETY: the caller hands us the only reference to the block.
+/// `segment` is a live large segment.
+pub unsafe fn large_cacheable(segment: *mut Segment) -> bool {
+    // SAFETY: constant fields of a live header.
+    unsafe {
+        let page = &(*segment).pages[0];
+        page.block_size <= LARGE_CACHE_SIZE_MAX
+            && page.area as usize - segment as usize == LARGE_BLOCK_OFFSET
+            && (*segment).map_base == segment.cast()
+    }
+}
+
+/// Hand a cached large segment out again for `usable` bytes (it has room).
+///
+/// # Safety
+/// The caller took `segment` out of a cache; `large_capacity >= usable`.
+pub unsafe fn large_reuse(segment: *mut Segment, usable: usize) -> *mut u8 {
+    // SAFETY: the cache handed the segment to the caller alone.
+    unsafe {
+        debug_assert!(large_capacity(segment) >= usable);
+        let page = &mut (*segment).pages[0];
+        page.block_size = usable;
+        page.used = 1;
+        segment_map::set_chunk(segment.cast(), CHUNK_SEGMENT);
+        page.area
+    }
+}
+
+/// Mark a freed large segment as cached (a stray free of its block is then
+/// reported as foreign instead of corrupting the cache).
+///
+/// # Safety
+/// The caller holds `segment`, whose block was just freed.
+pub unsafe fn large_mark_cached(segment: *mut Segment, now_ms: u64) {
+    // SAFETY: the caller holds the segment.
+    unsafe {
+        (*segment).pages[0].used = 0;
+        (*segment).cached_at_ms = now_ms;
+        (*segment).zeroed = false;
+        (*segment).purged = false;
+    }
+    segment_map::set_chunk(segment.cast(), CHUNK_FOREIGN);
+}
+
+/// Purge the block memory of a cached large segment (keeps the header page).
+///
+/// # Safety
+/// The caller holds the cached `segment`.
+pub unsafe fn large_purge(segment: *mut Segment, lazy: bool) {
+    // SAFETY: the block area lies inside the mapping and is not in use.
+    unsafe {
+        let start = (*segment).pages[0].area;
+        let len = large_capacity(segment);
+        if os::purge(start, len, lazy) {
+            (*segment).purged = true;
+            (*segment).zeroed = !lazy;
+        }
+    }
+}
+
+/// Give a large segment back for good: a standard one to the segment
+/// cache, any other to the OS.
+///
+/// # Safety
+/// The caller holds `segment` and its block is not in use.
+pub unsafe fn large_release(segment: *mut Segment) {
+    // SAFETY: the caller hands us the only reference to the segment.
     unsafe {
         let page = &mut (*segment).pages[0];
         let block = page.area;
@@ -163,7 +255,59 @@ pub unsafe fn large_free(segment: *mut Segment) {
             segment_map::set_chunk(block, CHUNK_FOREIGN);
         }
         page.used = 0;
-        (*segment).release_page(0);
+        (*segment).release_page(0, 0);
         arena::segment_free(segment);
+    }
+}
+
+/// Grow the block of a large segment to `usable` bytes without copying:
+/// in place if the mapping has room or can be extended, else by moving the
+/// mapping's pages to a new aligned range (`mremap`). Returns the segment
+/// the block now lives in, or null (nothing changed) when it cannot.
+///
+/// # Safety
+/// The caller holds the live large block of `segment`.
+pub unsafe fn large_grow(segment: *mut Segment, usable: usize) -> *mut Segment {
+    // SAFETY: the caller holds the block; header fields are ours to update.
+    unsafe {
+        let offset = (*segment).pages[0].area as usize - segment as usize;
+        if (*segment).map_base != segment.cast() || offset >= SEGMENT_SIZE {
+            return ptr::null_mut(); // header-below blocks are not moved
+        }
+        let Some(total) = offset.checked_add(usable) else {
+            return ptr::null_mut();
+        };
+        let Some(new_size) = round_up(total, OS_PAGE_SIZE) else {
+            return ptr::null_mut();
+        };
+        let old_size = (*segment).map_size;
+        if new_size <= old_size {
+            (*segment).pages[0].block_size = usable;
+            return segment;
+        }
+        if !arena::reserve_ok(new_size - old_size) {
+            return ptr::null_mut();
+        }
+        if os::grow_in_place(segment.cast(), old_size, new_size) {
+            (*segment).map_size = new_size;
+            (*segment).pages[0].block_size = usable;
+            return segment;
+        }
+        let target = arena::map_aligned(new_size, SEGMENT_SIZE);
+        if target.is_null() {
+            return ptr::null_mut();
+        }
+        if !os::move_mapping(segment.cast(), old_size, target, new_size) {
+            os::unmap(target, new_size);
+            return ptr::null_mut();
+        }
+        segment_map::set_chunk(segment.cast(), CHUNK_FOREIGN);
+        let moved = target.cast::<Segment>();
+        (*moved).map_base = target;
+        (*moved).map_size = new_size;
+        (*moved).pages[0].area = target.add(offset);
+        (*moved).pages[0].block_size = usable;
+        segment_map::set_chunk(target, CHUNK_SEGMENT);
+        moved
     }
 }

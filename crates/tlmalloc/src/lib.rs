@@ -47,7 +47,13 @@ mod heap_pool;
 #[cfg(not(loom))]
 mod large;
 #[cfg(not(loom))]
+mod large_cache;
+#[cfg(not(loom))]
+pub mod options;
+#[cfg(not(loom))]
 mod os;
+#[cfg(not(loom))]
+mod purge;
 #[cfg(not(loom))]
 mod report;
 #[cfg(not(loom))]
@@ -114,6 +120,10 @@ mod api {
 
         #[inline]
         unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            if layout.size() > MEDIUM_SIZE_MAX && layout.align() <= OS_PAGE_SIZE {
+                // Memory fresh from the OS (or purged) is not cleared again.
+                return heap::large_alloc(layout.size(), layout.align(), true);
+            }
             // SAFETY: forwarded GlobalAlloc contract.
             let p = unsafe { self.alloc(layout) };
             if !p.is_null() {
@@ -130,8 +140,9 @@ mod api {
                 // (GlobalAlloc contract), not a 4 MiB-aligned large one.
                 unsafe {
                     let (segment, page) = locate_trusted(p);
-                    if resize_in_place(segment, page, new_size) {
-                        return p;
+                    let q = try_resize(segment, page, p, new_size);
+                    if !q.is_null() {
+                        return q;
                     }
                 }
             }
@@ -179,6 +190,10 @@ mod api {
         let Some(total) = count.checked_mul(size) else {
             return ptr::null_mut();
         };
+        if total > MEDIUM_SIZE_MAX {
+            // Memory fresh from the OS (or purged) is not cleared again.
+            return heap::large_alloc(total, 16, true);
+        }
         let p = heap::malloc(total);
         if !p.is_null() {
             // SAFETY: the block holds at least `total` bytes.
@@ -216,7 +231,7 @@ mod api {
         // SAFETY: `locate` returned (it aborts on a foreign pointer), so `p`
         // starts a block aligned to 4 MiB or more: a live large block
         // (caller contract).
-        unsafe { large::large_free(segment) }
+        unsafe { heap::large_free(segment) }
     }
 
     /// The segment and page of `p`, or a report and abort when `p` is not
@@ -243,30 +258,40 @@ mod api {
         (segment, unsafe { Segment::page_of(segment, p) })
     }
 
-    /// Keep `p` where it is for `new_size` bytes if its block allows it:
-    /// the block is large enough and not more than twice too large, or it is
-    /// a large block whose mapping has room.
+    /// Resize the block of `page` without copying, if it allows: a block
+    /// large enough and not more than twice too large stays; a large block
+    /// grows into its mapping, extends it, or has its pages moved by the
+    /// kernel (`mremap`). Returns the block's (possibly new) address, or null
+    /// when the caller must allocate and copy.
     ///
     /// # Safety
-    /// `page` is the page of a live block in `segment`, owned by the caller.
-    unsafe fn resize_in_place(segment: *mut Segment, page: *mut Page, new_size: usize) -> bool {
+    /// `p` is a live block of `page` in `segment`, owned by the caller.
+    unsafe fn try_resize(
+        segment: *mut Segment,
+        page: *mut Page,
+        p: *mut u8,
+        new_size: usize,
+    ) -> *mut u8 {
         // SAFETY: caller contract; a large block's page is touched only by
         // the holder of its block.
         unsafe {
             let usable = (*page).block_size;
             if new_size <= usable && new_size >= usable / 2 {
-                return true;
+                return p;
             }
-            if (*segment).kind == SegmentKind::Large && new_size > MEDIUM_SIZE_MAX {
+            if (*segment).kind == SegmentKind::Large
+                && new_size > MEDIUM_SIZE_MAX
+                && new_size > usable
+            {
                 let Some(wanted) = large::large_usable(new_size) else {
-                    return false;
+                    return ptr::null_mut();
                 };
-                if wanted <= large::large_capacity(segment) && wanted >= usable / 2 {
-                    (*page).block_size = wanted;
-                    return true;
+                let grown = large::large_grow(segment, wanted);
+                if !grown.is_null() {
+                    return large::large_block(grown);
                 }
             }
-            false
+            ptr::null_mut()
         }
     }
 
@@ -285,8 +310,9 @@ mod api {
         // SAFETY: `p` is a live block (caller contract), found above.
         unsafe {
             let usable = (*page).block_size;
-            if resize_in_place(segment, page, new_size) {
-                return p;
+            let moved = try_resize(segment, page, p, new_size);
+            if !moved.is_null() {
+                return moved;
             }
             let q = heap::malloc(new_size);
             if !q.is_null() {

@@ -96,8 +96,22 @@ pub struct Segment {
     pub prev: *mut Segment,
     /// Constant: start of the OS mapping holding this segment.
     pub map_base: *mut u8,
-    /// Constant: length of that mapping.
+    /// Constant while held (changes only when a large block's mapping grows):
+    /// length of that mapping.
     pub map_size: usize,
+    /// Holder: free page slots whose memory is still resident (to purge).
+    pub dirty_mask: u64,
+    /// Holder: heap clock (ms) when `dirty_mask` last went from 0 to non-0.
+    pub dirty_since_ms: u64,
+    /// Holder: clock (ms) when the segment entered a cache (large or arena).
+    pub cached_at_ms: u64,
+    /// Holder: the memory past the header reads as zero (fresh from the OS,
+    /// or purged with `MADV_DONTNEED`), so `calloc` need not clear it.
+    pub zeroed: bool,
+    /// Holder: the memory past the header was purged since it was last used.
+    pub purged: bool,
+    _pad3: [u8; 6],
+    _pad4: [u64; 3],
     /// The page table (a large segment uses slot 0 only).
     pub pages: [Page; PAGES_PER_SEGMENT],
 }
@@ -106,7 +120,7 @@ pub struct Segment {
 pub const SEGMENT_HEADER_SIZE: usize = core::mem::size_of::<Segment>();
 
 #[cfg(not(loom))]
-const _: () = assert!(core::mem::offset_of!(Segment, pages) == 64);
+const _: () = assert!(core::mem::offset_of!(Segment, pages) == 128);
 
 impl Segment {
     /// The segment holding `p` (for any block start outside the
@@ -162,6 +176,13 @@ impl Segment {
                     prev: ptr::null_mut(),
                     map_base,
                     map_size,
+                    dirty_mask: 0,
+                    dirty_since_ms: 0,
+                    cached_at_ms: 0,
+                    zeroed: true,
+                    purged: false,
+                    _pad3: [0; 6],
+                    _pad4: [0; 3],
                     pages: [const { Page::new() }; PAGES_PER_SEGMENT],
                 },
             );
@@ -184,6 +205,13 @@ impl Segment {
             prev: ptr::null_mut(),
             map_base: ptr::null_mut(),
             map_size: 0,
+            dirty_mask: 0,
+            dirty_since_ms: 0,
+            cached_at_ms: 0,
+            zeroed: true,
+            purged: false,
+            _pad3: [0; 6],
+            _pad4: [0; 3],
             pages: core::array::from_fn(|_| Page::new()),
         }
     }
@@ -213,14 +241,22 @@ impl Segment {
         }
         let index = self.free_mask.trailing_zeros() as usize;
         self.free_mask &= !(1u64 << index);
+        self.dirty_mask &= !(1u64 << index);
         self.used_pages += 1;
         Some(index)
     }
 
-    /// Give page slot `index` back to the segment. Returns true when the
-    /// segment has no page in use any more.
-    pub fn release_page(&mut self, index: usize) -> bool {
+    /// Give page slot `index` back to the segment (its memory stays resident
+    /// until a purge, which `dirty_mask` schedules from `now_ms`). Returns
+    /// true when the segment has no page in use any more.
+    pub fn release_page(&mut self, index: usize, now_ms: u64) -> bool {
         debug_assert!(self.free_mask & (1u64 << index) == 0);
+        if self.pages[index].capacity > 0 {
+            if self.dirty_mask == 0 {
+                self.dirty_since_ms = now_ms;
+            }
+            self.dirty_mask |= 1u64 << index;
+        }
         self.pages[index].reset();
         self.free_mask |= 1u64 << index;
         self.used_pages -= 1;

@@ -41,6 +41,16 @@ counters! {
     segments_abandoned,
     /// Abandoned segments taken over by a live heap.
     segments_adopted,
+    /// `madvise` calls that gave memory back while keeping it mapped.
+    purge_calls,
+    /// Bytes given back that way.
+    purged_bytes,
+    /// Large blocks served from the recycle cache (no system call).
+    large_cache_hits,
+    /// Large blocks that needed a fresh segment.
+    large_cache_misses,
+    /// Large blocks grown with `mremap` instead of copying.
+    large_remaps,
 }
 
 pub(crate) fn record_map(size: usize) {
@@ -68,4 +78,49 @@ pub(crate) fn record_abandoned() {
 
 pub(crate) fn record_adopted() {
     cells::segments_adopted.fetch_add(1, Ordering::Relaxed);
+}
+
+pub(crate) fn record_purge(size: usize) {
+    cells::purge_calls.fetch_add(1, Ordering::Relaxed);
+    cells::purged_bytes.fetch_add(size, Ordering::Relaxed);
+}
+
+pub(crate) fn record_remap(old: usize, new: usize) {
+    cells::large_remaps.fetch_add(1, Ordering::Relaxed);
+    if new >= old {
+        let now = cells::reserved_bytes.fetch_add(new - old, Ordering::Relaxed) + (new - old);
+        cells::peak_reserved_bytes.fetch_max(now, Ordering::Relaxed);
+    } else {
+        cells::reserved_bytes.fetch_sub(old - new, Ordering::Relaxed);
+    }
+}
+
+pub(crate) fn record_large_cache(hit: bool) {
+    if hit {
+        cells::large_cache_hits.fetch_add(1, Ordering::Relaxed);
+    } else {
+        cells::large_cache_misses.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The large-block recycle cache as seen from the calling thread.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LargeCacheStats {
+    /// Large blocks this thread took from its own cache level.
+    pub local_hits: usize,
+    /// Bytes (of mapping) this thread's cache level holds.
+    pub local_bytes: usize,
+    /// Bytes (of mapping) the shared level holds.
+    pub shared_bytes: usize,
+}
+
+/// Read the recycle cache's figures (hits at the shared level and misses
+/// are in [`os_stats`]).
+pub fn large_cache_stats() -> LargeCacheStats {
+    let (local_hits, local_bytes) = crate::heap::thread_large_cache();
+    LargeCacheStats {
+        local_hits,
+        local_bytes,
+        shared_bytes: crate::large_cache::shared_bytes(),
+    }
 }

@@ -148,8 +148,14 @@ fn good_size_of_large_requests() {
     for n in sizes {
         let g = good_size(n);
         assert!(g >= n, "good_size({n}) = {g}");
-        // Large blocks are whole OS pages: never more than a page of slack.
-        assert!(g - n < 4096, "good_size({n}) = {g} wastes more than a page");
+        assert_eq!(g % 4096, 0, "large blocks are whole OS pages");
+        if n <= LARGE_CACHE_SIZE_MAX {
+            // Recyclable large blocks keep the 8-classes-per-doubling bound.
+            assert!((g - n) * 8 <= g, "good_size({n}) = {g} wastes more than 12.5 %");
+        } else {
+            // Beyond the recycle cache: never more than a page of slack.
+            assert!(g - n < 4096, "good_size({n}) = {g} wastes more than a page");
+        }
     }
     // Absurd sizes must not panic (overflow checks).
     let g = good_size(usize::MAX);
@@ -159,6 +165,10 @@ fn good_size_of_large_requests() {
     let _ = good_size(usize::MAX / 2 + 1);
     let _ = good_size(isize::MAX as usize);
 }
+
+/// Large blocks up to this size are rounded to size classes and recycled
+/// (`large_cache::LARGE_CACHE_SIZE_MAX`).
+const LARGE_CACHE_SIZE_MAX: usize = 128 << 20;
 
 #[test]
 fn aligned_requests_land_in_aligned_classes() {

@@ -69,6 +69,105 @@ pub unsafe fn unmap(p: *mut u8, size: usize) {
     crate::stats::record_unmap(size);
 }
 
+/// Tell the OS it may drop the contents of `[p, p + size)` (pages read back
+/// as zero afterwards when `lazy` is false, or stay until memory pressure
+/// when `lazy` is true, i.e. `MADV_FREE`). Returns false if the OS refused.
+///
+/// # Safety
+/// The range is mapped by us, page-aligned, and its contents are not needed.
+pub unsafe fn purge(p: *mut u8, size: usize, lazy: bool) -> bool {
+    let advice = if lazy {
+        libc::MADV_FREE
+    } else {
+        libc::MADV_DONTNEED
+    };
+    // SAFETY: the caller guarantees the range is ours and disposable.
+    let rc = unsafe { libc::madvise(p.cast(), size, advice) };
+    crate::stats::record_purge(size);
+    rc == 0
+}
+
+/// Advise transparent huge pages on (`Some(true)`), off (`Some(false)`) for
+/// `[p, p + size)`; `None` leaves the system policy.
+pub fn advise_huge_pages(p: *mut u8, size: usize, huge: Option<bool>) {
+    let advice = match huge {
+        Some(true) => libc::MADV_HUGEPAGE,
+        Some(false) => libc::MADV_NOHUGEPAGE,
+        None => return,
+    };
+    // SAFETY: advice only; an error (e.g. THP compiled out) changes nothing.
+    unsafe { libc::madvise(p.cast(), size, advice) };
+}
+
+/// Grow the mapping `[p, p + old)` to `new` bytes where it stands. Returns
+/// false (and changes nothing) when the address space after it is taken.
+///
+/// # Safety
+/// `[p, p + old)` is a mapping of ours.
+pub unsafe fn grow_in_place(p: *mut u8, old: usize, new: usize) -> bool {
+    // SAFETY: without MREMAP_MAYMOVE the kernel either extends the mapping
+    // into free address space or fails; it never moves or overwrites.
+    let q = unsafe { libc::mremap(p.cast(), old, new, 0) };
+    if q == libc::MAP_FAILED {
+        return false;
+    }
+    crate::stats::record_remap(old, new);
+    true
+}
+
+/// Move the pages of `[from, from + old)` to `[to, to + new)` (a mapping of
+/// ours of `new` bytes, which this replaces) without copying them.
+/// Returns false when the kernel refused; both mappings are then unchanged.
+///
+/// # Safety
+/// Both ranges are mappings of ours; `new >= old`; nothing uses `to` yet.
+pub unsafe fn move_mapping(from: *mut u8, old: usize, to: *mut u8, new: usize) -> bool {
+    // SAFETY: MREMAP_FIXED replaces the caller's reserved range at `to`.
+    let q = unsafe {
+        libc::mremap(
+            from.cast(),
+            old,
+            new,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            to as *mut libc::c_void,
+        )
+    };
+    if q == libc::MAP_FAILED {
+        return false;
+    }
+    // The old range is gone and the new one replaced a reservation of `new`.
+    crate::stats::record_remap(old, 0);
+    true
+}
+
+/// Milliseconds on a monotonic clock (coarse: a few ms of resolution, and
+/// no system call through the vDSO).
+pub fn now_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+/// The value of environment variable `name` (a NUL-terminated byte string),
+/// without allocating. The slice borrows the process environment.
+pub fn getenv(name: &[u8]) -> Option<&'static [u8]> {
+    debug_assert!(name.last() == Some(&0));
+    // SAFETY: `name` is NUL-terminated; getenv only reads `environ`.
+    let value = unsafe { libc::getenv(name.as_ptr().cast()) };
+    if value.is_null() {
+        return None;
+    }
+    // SAFETY: getenv returned a NUL-terminated string that lives as long as
+    // the environment entry (we never modify the environment).
+    let len = unsafe { libc::strlen(value) };
+    // SAFETY: as above, `len` bytes are readable.
+    Some(unsafe { core::slice::from_raw_parts(value.cast::<u8>(), len) })
+}
+
 /// Let another thread run (used by contended spin locks).
 pub fn yield_now() {
     // SAFETY: sched_yield has no preconditions.
