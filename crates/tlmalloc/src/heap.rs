@@ -469,6 +469,17 @@ pub fn thread_large_cache() -> (usize, usize) {
 #[cold]
 #[inline(never)]
 fn alloc_slow(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
+    // The common case first: the current page's `free` ran dry but the
+    // owner has freed blocks of it since. (The static heaps' empty page has
+    // no local frees, so they fall through.)
+    // SAFETY: `heap` is this thread's heap; `current` entries are never null.
+    unsafe {
+        let page = (*heap).current[class];
+        if !(*page).local_free.is_null() {
+            (*page).collect_local();
+            return Page::pop(page).cast();
+        }
+    }
     // SAFETY: `heap` is this thread's heap or a static heap.
     let kind = unsafe { (*heap).kind };
     match kind {
