@@ -1,0 +1,441 @@
+//! The C allocation functions, with glibc's semantics, and the `tl_` API.
+//!
+//! | call | result |
+//! |---|---|
+//! | `malloc(0)` | a unique block (usable size 8) |
+//! | any request too large | NULL, `errno = ENOMEM` |
+//! | `calloc(n, size)`, `n * size` overflows | NULL, `errno = ENOMEM` |
+//! | `realloc(NULL, n)` | `malloc(n)` |
+//! | `realloc(p, 0)`, `p` not NULL | frees `p`, returns NULL (glibc), `errno` untouched |
+//! | `realloc(p, n)` fails | NULL, `errno = ENOMEM`, `p` untouched |
+//! | `reallocarray(p, n, size)`, overflow | NULL, `errno = ENOMEM`, `p` untouched |
+//! | `posix_memalign`, alignment not a power of two multiple of `sizeof(void*)` | `EINVAL`; `*out` and `errno` untouched |
+//! | `posix_memalign` out of memory | `ENOMEM`; `*out` and `errno` untouched |
+//! | `aligned_alloc`, alignment 0 or not a power of two | NULL, `errno = EINVAL` (glibc ≥ 2.38, C17 DR 460) |
+//! | `memalign`, alignment not a power of two | rounded up to the next power of two (glibc); above 2^63: NULL, `EINVAL` |
+//! | `valloc(n)` / `pvalloc(n)` | page aligned; `pvalloc` rounds `n` up to whole pages (at least one) |
+//! | `malloc_usable_size(NULL)` | 0 |
+//! | `free`, `realloc`, `malloc_usable_size` of a pointer tlmalloc did not hand out | one line on stderr naming the pointer and the function, then `abort()` |
+//!
+//! Blocks of 16 bytes or more are 16-byte aligned; blocks of 1 to 8 bytes are
+//! 8-byte aligned (enough for any object that fits, as C17 7.22.3 asks).
+
+use core::ffi::{c_char, c_int, c_void};
+use core::ptr;
+
+use crate::{out_of_memory, page_size, set_errno};
+use tlmalloc_core as core_alloc;
+
+// ---------------------------------------------------------------------------
+// Shared bodies (inlined into each exported name)
+// ---------------------------------------------------------------------------
+
+/// `malloc` with `errno = ENOMEM` on failure.
+///
+/// A null from the core means its slow path ran out of memory, or hit
+/// `TLMALLOC_MAX_RESERVED` (which makes no OS call that would set `errno`),
+/// so the result is tested. Small requests test it inline, which costs the
+/// fast path one push and one pop (the core's slow-path call is no longer a
+/// tail call); larger requests go to a separate function, so their two slow
+/// calls add nothing to the small fast path. Were the core to set `errno` on
+/// every null it returns, the test and the push/pop could go.
+#[inline(always)]
+fn do_malloc(size: usize) -> *mut c_void {
+    if size <= SMALL_REQUEST {
+        let p = core_alloc::malloc(size);
+        if p.is_null() {
+            return out_of_memory();
+        }
+        return p.cast();
+    }
+    malloc_above_small(size)
+}
+
+/// `malloc` of more than `SMALL_REQUEST` bytes.
+#[inline(never)]
+fn malloc_above_small(size: usize) -> *mut c_void {
+    let p = core_alloc::malloc(size);
+    if p.is_null() {
+        return out_of_memory();
+    }
+    p.cast()
+}
+
+/// The core's direct-lookup limit (`config::DIRECT_SIZE_MAX`): the first test
+/// is then the core's own small-size test, which the compiler drops from the
+/// inlined fast path.
+const SMALL_REQUEST: usize = tlmalloc_core::config::DIRECT_SIZE_MAX;
+
+/// # Safety
+/// `p` is null or a live block of ours.
+#[inline(always)]
+unsafe fn do_free(p: *mut c_void) {
+    // SAFETY: forwarded caller contract; foreign pointers are reported by the core.
+    unsafe { core_alloc::free(p.cast()) }
+}
+
+#[inline]
+fn do_calloc(count: usize, size: usize) -> *mut c_void {
+    let p = core_alloc::calloc(count, size);
+    if p.is_null() {
+        return out_of_memory();
+    }
+    p.cast()
+}
+
+/// # Safety
+/// `p` is null or a live block of ours.
+#[inline]
+unsafe fn do_realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    if size == 0 && !p.is_null() {
+        // glibc (REALLOC_ZERO_BYTES_FREES): free and return NULL.
+        // SAFETY: forwarded caller contract.
+        unsafe { do_free(p) };
+        return ptr::null_mut();
+    }
+    // SAFETY: forwarded caller contract.
+    let q = unsafe { core_alloc::realloc(p.cast(), size) };
+    if q.is_null() {
+        return out_of_memory();
+    }
+    q.cast()
+}
+
+/// `memalign` semantics: alignments that are not powers of two are rounded up.
+#[inline]
+fn do_memalign(align: usize, size: usize) -> *mut c_void {
+    if align > (usize::MAX >> 1) + 1 {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    let align = align.max(1).next_power_of_two();
+    let p = core_alloc::malloc_aligned(size, align);
+    if p.is_null() {
+        return out_of_memory();
+    }
+    p.cast()
+}
+
+/// An aligned allocation with a power-of-two `align` (checked by the caller).
+#[inline]
+fn do_aligned(align: usize, size: usize) -> *mut c_void {
+    let p = core_alloc::malloc_aligned(size, align);
+    if p.is_null() {
+        return out_of_memory();
+    }
+    p.cast()
+}
+
+#[inline]
+fn do_pvalloc(size: usize) -> *mut c_void {
+    let page = page_size();
+    let Some(padded) = size.checked_add(page - 1) else {
+        return out_of_memory();
+    };
+    let rounded = (padded & !(page - 1)).max(page);
+    do_aligned(page, rounded)
+}
+
+/// # Safety
+/// `p` is null or a live block of ours.
+#[inline]
+unsafe fn do_usable_size(p: *const c_void) -> usize {
+    // SAFETY: forwarded caller contract; foreign pointers are reported by the core.
+    unsafe { core_alloc::usable_size(p.cast()) }
+}
+
+// ---------------------------------------------------------------------------
+// The malloc family
+// ---------------------------------------------------------------------------
+
+/// C `malloc`: `size` bytes, or NULL with `errno = ENOMEM`.
+#[unsafe(no_mangle)]
+pub extern "C" fn malloc(size: usize) -> *mut c_void {
+    do_malloc(size)
+}
+
+/// C `free`: NULL is ignored.
+///
+/// # Safety
+/// `p` is NULL or a live block of this allocator (a foreign pointer is
+/// reported and the process aborts).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn free(p: *mut c_void) {
+    // SAFETY: forwarded caller contract.
+    unsafe { do_free(p) }
+}
+
+/// C `calloc`: `count * size` zeroed bytes; NULL with `errno = ENOMEM` on
+/// overflow or when out of memory.
+#[unsafe(no_mangle)]
+pub extern "C" fn calloc(count: usize, size: usize) -> *mut c_void {
+    do_calloc(count, size)
+}
+
+/// C `realloc` with glibc's zero-size rule (see the module table).
+///
+/// # Safety
+/// `p` is NULL or a live block of this allocator.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    // SAFETY: forwarded caller contract.
+    unsafe { do_realloc(p, size) }
+}
+
+/// glibc `reallocarray`: `realloc(p, count * size)`, or NULL with
+/// `errno = ENOMEM` (and `p` untouched) when the product overflows.
+///
+/// # Safety
+/// `p` is NULL or a live block of this allocator.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn reallocarray(p: *mut c_void, count: usize, size: usize) -> *mut c_void {
+    let Some(total) = count.checked_mul(size) else {
+        return out_of_memory();
+    };
+    // SAFETY: forwarded caller contract.
+    unsafe { do_realloc(p, total) }
+}
+
+/// POSIX `posix_memalign`: 0, `EINVAL` or `ENOMEM`; `errno` is never changed.
+///
+/// # Safety
+/// `out` is valid for a pointer-sized write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
+    // A power of two is a multiple of sizeof(void*) exactly when it is at least that.
+    if !align.is_power_of_two() || align < core::mem::size_of::<*mut c_void>() {
+        return libc::EINVAL;
+    }
+    let saved = crate::errno();
+    let p = core_alloc::malloc_aligned(size, align);
+    set_errno(saved);
+    if p.is_null() {
+        return libc::ENOMEM;
+    }
+    // SAFETY: caller contract on `out`.
+    unsafe { out.write(p.cast()) };
+    0
+}
+
+/// C11 `aligned_alloc`: NULL with `errno = EINVAL` when `align` is 0 or not a
+/// power of two (glibc ≥ 2.38); otherwise as `memalign`.
+#[unsafe(no_mangle)]
+pub extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
+    if !align.is_power_of_two() {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    do_aligned(align, size)
+}
+
+/// glibc `memalign`: an alignment that is not a power of two is rounded up to one.
+#[unsafe(no_mangle)]
+pub extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
+    do_memalign(align, size)
+}
+
+/// `valloc`: `size` bytes aligned to the page size.
+#[unsafe(no_mangle)]
+pub extern "C" fn valloc(size: usize) -> *mut c_void {
+    do_aligned(page_size(), size)
+}
+
+/// glibc `pvalloc`: `size` rounded up to whole pages (at least one), page aligned.
+#[unsafe(no_mangle)]
+pub extern "C" fn pvalloc(size: usize) -> *mut c_void {
+    do_pvalloc(size)
+}
+
+/// glibc `malloc_usable_size`: the bytes usable in the block (at least what
+/// was asked for); 0 for NULL.
+///
+/// # Safety
+/// `p` is NULL or a live block of this allocator.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
+    // SAFETY: forwarded caller contract.
+    unsafe { do_usable_size(p) }
+}
+
+/// C23 `free_sized`: `free` (the size is not needed to find the block).
+///
+/// # Safety
+/// `p` is NULL or a live block of this allocator.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn free_sized(p: *mut c_void, _size: usize) {
+    // SAFETY: forwarded caller contract.
+    unsafe { do_free(p) }
+}
+
+/// C23 `free_aligned_sized`: `free`.
+///
+/// # Safety
+/// `p` is NULL or a live block of this allocator.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn free_aligned_sized(p: *mut c_void, _align: usize, _size: usize) {
+    // SAFETY: forwarded caller contract.
+    unsafe { do_free(p) }
+}
+
+/// glibc `malloc_trim`: return what the calling thread can to the OS
+/// (`tl_collect`); 1 when memory went back to the OS, else 0.
+#[unsafe(no_mangle)]
+pub extern "C" fn malloc_trim(_pad: usize) -> c_int {
+    let before = core_alloc::stats::os_stats().reserved_bytes;
+    core_alloc::collect();
+    c_int::from(core_alloc::stats::os_stats().reserved_bytes < before)
+}
+
+// glibc's internal names, which some programs and libraries call directly.
+
+/// glibc alias of [`malloc`].
+#[unsafe(no_mangle)]
+pub extern "C" fn __libc_malloc(size: usize) -> *mut c_void {
+    do_malloc(size)
+}
+
+/// glibc alias of [`free`].
+///
+/// # Safety
+/// As [`free`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __libc_free(p: *mut c_void) {
+    // SAFETY: forwarded caller contract.
+    unsafe { do_free(p) }
+}
+
+/// glibc alias of [`calloc`].
+#[unsafe(no_mangle)]
+pub extern "C" fn __libc_calloc(count: usize, size: usize) -> *mut c_void {
+    do_calloc(count, size)
+}
+
+/// glibc alias of [`realloc`].
+///
+/// # Safety
+/// As [`realloc`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __libc_realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    // SAFETY: forwarded caller contract.
+    unsafe { do_realloc(p, size) }
+}
+
+/// glibc alias of [`memalign`].
+#[unsafe(no_mangle)]
+pub extern "C" fn __libc_memalign(align: usize, size: usize) -> *mut c_void {
+    do_memalign(align, size)
+}
+
+/// glibc alias of [`valloc`].
+#[unsafe(no_mangle)]
+pub extern "C" fn __libc_valloc(size: usize) -> *mut c_void {
+    do_aligned(page_size(), size)
+}
+
+/// glibc alias of [`pvalloc`].
+#[unsafe(no_mangle)]
+pub extern "C" fn __libc_pvalloc(size: usize) -> *mut c_void {
+    do_pvalloc(size)
+}
+
+// ---------------------------------------------------------------------------
+// The tl_ API (include/tlmalloc.h)
+// ---------------------------------------------------------------------------
+
+/// As `malloc`.
+#[unsafe(no_mangle)]
+pub extern "C" fn tl_malloc(size: usize) -> *mut c_void {
+    do_malloc(size)
+}
+
+/// As `calloc`.
+#[unsafe(no_mangle)]
+pub extern "C" fn tl_calloc(count: usize, size: usize) -> *mut c_void {
+    do_calloc(count, size)
+}
+
+/// As `realloc` (including `tl_realloc(p, 0)` freeing `p` and returning NULL).
+///
+/// # Safety
+/// `p` is NULL or a live block of this allocator.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tl_realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    // SAFETY: forwarded caller contract.
+    unsafe { do_realloc(p, size) }
+}
+
+/// As `reallocarray`.
+///
+/// # Safety
+/// `p` is NULL or a live block of this allocator.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tl_reallocarray(p: *mut c_void, count: usize, size: usize) -> *mut c_void {
+    // SAFETY: forwarded caller contract.
+    unsafe { reallocarray(p, count, size) }
+}
+
+/// `size` bytes aligned to `align` (a power of two); NULL with `EINVAL` for
+/// another alignment, NULL with `ENOMEM` when out of memory.
+#[unsafe(no_mangle)]
+pub extern "C" fn tl_malloc_aligned(size: usize, align: usize) -> *mut c_void {
+    aligned_alloc(align, size)
+}
+
+/// As `free`.
+///
+/// # Safety
+/// `p` is NULL or a live block of this allocator.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tl_free(p: *mut c_void) {
+    // SAFETY: forwarded caller contract.
+    unsafe { do_free(p) }
+}
+
+/// As `free_sized`.
+///
+/// # Safety
+/// `p` is NULL or a live block of this allocator.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tl_free_sized(p: *mut c_void, _size: usize) {
+    // SAFETY: forwarded caller contract.
+    unsafe { do_free(p) }
+}
+
+/// As `free_aligned_sized`.
+///
+/// # Safety
+/// `p` is NULL or a live block of this allocator.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tl_free_aligned_sized(p: *mut c_void, _align: usize, _size: usize) {
+    // SAFETY: forwarded caller contract.
+    unsafe { do_free(p) }
+}
+
+/// As `malloc_usable_size`.
+///
+/// # Safety
+/// `p` is NULL or a live block of this allocator.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tl_usable_size(p: *const c_void) -> usize {
+    // SAFETY: forwarded caller contract.
+    unsafe { do_usable_size(p) }
+}
+
+/// The usable size `malloc(size)` would get; `SIZE_MAX` when no block that
+/// large can exist.
+#[unsafe(no_mangle)]
+pub extern "C" fn tl_good_size(size: usize) -> usize {
+    core_alloc::good_size(size)
+}
+
+/// Return what the calling thread can to the OS now.
+#[unsafe(no_mangle)]
+pub extern "C" fn tl_collect() {
+    core_alloc::collect();
+}
+
+/// The library version, e.g. "0.1.0".
+#[unsafe(no_mangle)]
+pub extern "C" fn tl_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}

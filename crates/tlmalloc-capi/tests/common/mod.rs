@@ -1,0 +1,318 @@
+//! Shared helpers of the tests that build C/C++ programs and run programs
+//! with libtlmalloc.so preloaded.
+//!
+//! The library under test is the one of this test binary's own target
+//! directory and profile (`target/<profile>/libtlmalloc.so`), brought up to
+//! date once per test binary with `cargo build -p tlmalloc-capi` (a no-op
+//! when it is fresh). `TLMALLOC_TEST_LIB=/path/to/libtlmalloc.so` skips the
+//! build and tests that file instead.
+
+#![allow(dead_code)]
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `include/` (tlmalloc.h).
+pub fn include_dir() -> PathBuf {
+    workspace_root().join("include")
+}
+
+/// `crates/tlmalloc-capi/tests/c/`.
+pub fn c_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c")
+}
+
+/// The library under test, built if needed.
+pub fn lib() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        if let Some(path) = env::var_os("TLMALLOC_TEST_LIB") {
+            let path = PathBuf::from(path);
+            assert!(
+                path.is_file(),
+                "TLMALLOC_TEST_LIB={} does not exist",
+                path.display()
+            );
+            return path;
+        }
+        let lib = build_library();
+        assert!(lib.is_file(), "{} was not built", lib.display());
+        lib
+    })
+}
+
+/// The directory holding libtlmalloc.so (and libtlmalloc.a).
+pub fn lib_dir() -> PathBuf {
+    lib().parent().unwrap().to_path_buf()
+}
+
+/// `cargo build -p tlmalloc-capi` into this test binary's target directory
+/// and profile; returns the path of libtlmalloc.so.
+fn build_library() -> PathBuf {
+    // <target>/[<triple>/]<profile>/deps/<test binary>
+    let exe = env::current_exe().expect("current_exe");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>")
+        .to_path_buf();
+    let profile = profile_dir
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    let above = profile_dir.parent().unwrap();
+    let (target_dir, triple) = if above.join("CACHEDIR.TAG").exists() {
+        (above.to_path_buf(), None)
+    } else {
+        (
+            above.parent().unwrap().to_path_buf(),
+            Some(above.file_name().unwrap().to_str().unwrap().to_string()),
+        )
+    };
+    let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.arg("build")
+        .arg("--manifest-path")
+        .arg(workspace_root().join("Cargo.toml"))
+        .args(["-p", "tlmalloc-capi", "--target-dir"])
+        .arg(&target_dir);
+    match profile.as_str() {
+        "debug" => {}
+        "release" => {
+            cmd.arg("--release");
+        }
+        other => {
+            cmd.args(["--profile", other]);
+        }
+    }
+    if let Some(triple) = &triple {
+        cmd.args(["--target", triple]);
+    }
+    let started = Instant::now();
+    let out = cmd.output().expect("run cargo");
+    assert!(
+        out.status.success(),
+        "building libtlmalloc.so failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!(
+        "[build] libtlmalloc.so ({profile}) up to date in {:.1?}",
+        started.elapsed()
+    );
+    profile_dir.join("libtlmalloc.so")
+}
+
+/// A fresh scratch directory for one test.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("tlmalloc-capi")
+        .join(name);
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn compiler(var: &str, default: &str) -> String {
+    env::var(var).unwrap_or_else(|_| default.to_string())
+}
+
+/// Compile C (`lang` "c") or C++ ("c++") sources from tests/c into `out`,
+/// with -O0 -fno-builtin (GCC deletes matched malloc/free pairs otherwise).
+pub fn compile(lang: &str, sources: &[&str], out: &Path, extra: &[&str]) {
+    let (cc, std) = if lang == "c++" {
+        (compiler("CXX", "c++"), "-std=c++17")
+    } else {
+        (compiler("CC", "cc"), "-std=gnu11")
+    };
+    let mut cmd = Command::new(&cc);
+    cmd.args([
+        std,
+        "-O0",
+        "-fno-builtin",
+        "-g",
+        "-Wall",
+        "-Wno-alloc-size-larger-than",
+    ])
+    .arg("-I")
+    .arg(include_dir())
+    .arg("-I")
+    .arg(c_dir());
+    for s in sources {
+        let p = Path::new(s);
+        if p.is_absolute() {
+            cmd.arg(p);
+        } else {
+            cmd.arg(c_dir().join(p));
+        }
+    }
+    cmd.arg("-o")
+        .arg(out)
+        .args(extra)
+        .args(["-ldl", "-lpthread"]);
+    let res = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cc}: {e}"));
+    assert!(
+        res.status.success(),
+        "compiling {sources:?} failed:\n{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+}
+
+/// Preload the library in `cmd`.
+pub fn preload(cmd: &mut Command) -> &mut Command {
+    let mut value = lib().as_os_str().to_owned();
+    if let Some(old) = env::var_os("LD_PRELOAD") {
+        if !old.is_empty() {
+            value.push(":");
+            value.push(old);
+        }
+    }
+    cmd.env("LD_PRELOAD", value)
+}
+
+/// A command that runs `program args…` so that only its own process (the
+/// shell's pid, kept across `exec`) prints tlmalloc's summary at exit, not
+/// the subprocesses it starts.
+pub fn with_own_stats(program: &Path) -> Command {
+    let mut cmd = Command::new("/bin/sh");
+    cmd.arg("-c")
+        .arg("TLMALLOC_SHOW_STATS=pid:$$; export TLMALLOC_SHOW_STATS; exec \"$@\"")
+        .arg("sh")
+        .arg(program);
+    cmd
+}
+
+/// Run to completion with stdin closed; print how long it took.
+pub fn run(what: &str, cmd: &mut Command) -> Output {
+    let started = Instant::now();
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    eprintln!("[time] {what}: {:.2?}", started.elapsed());
+    out
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Fail with the program's output unless it exited with status 0.
+pub fn assert_success(what: &str, out: &Output) {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        tail(&text(&out.stdout), 4000),
+        tail(&text(&out.stderr), 4000)
+    );
+}
+
+pub fn tail(s: &str, n: usize) -> &str {
+    if s.len() <= n {
+        s
+    } else {
+        let mut start = s.len() - n;
+        while !s.is_char_boundary(start) {
+            start += 1;
+        }
+        &s[start..]
+    }
+}
+
+/// One process's summary, as printed at exit with TLMALLOC_SHOW_STATS.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub program: String,
+    pub mmap_calls: u64,
+}
+
+/// The summaries in a program's stderr.
+pub fn summaries(stderr: &str) -> Vec<Summary> {
+    let mut found = Vec::new();
+    let mut lines = stderr.lines();
+    while let Some(line) = lines.next() {
+        let Some(rest) = line.strip_prefix("tlmalloc stats: ") else {
+            continue;
+        };
+        let program = rest.split(" (pid").next().unwrap_or("").to_string();
+        for next in lines.by_ref() {
+            if let Some(v) = next.trim_start().strip_prefix("mmap calls:") {
+                let n = v
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or("0")
+                    .parse()
+                    .unwrap_or(0);
+                found.push(Summary {
+                    program: program.clone(),
+                    mmap_calls: n,
+                });
+                break;
+            }
+        }
+    }
+    found
+}
+
+/// Stderr without tlmalloc's summaries.
+pub fn without_summaries(stderr: &str) -> String {
+    let mut out = String::new();
+    let mut skip = 0;
+    for line in stderr.lines() {
+        if line.starts_with("tlmalloc stats: ") {
+            skip = 3;
+            continue;
+        }
+        if skip > 0 && line.starts_with("  ") {
+            skip -= 1;
+            continue;
+        }
+        skip = 0;
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// Proof that tlmalloc served `program`'s allocations (it mapped memory),
+/// not merely that the library was loaded.
+pub fn assert_active(stderr: &str, program: &str) {
+    let all = summaries(stderr);
+    assert!(
+        all.iter().any(|s| s.program == program && s.mmap_calls > 0),
+        "no tlmalloc summary with mmap calls for {program}; summaries: {all:?}\nstderr tail:\n{}",
+        tail(stderr, 2000)
+    );
+}
+
+/// Whether `program` can be run (found on PATH).
+pub fn have(program: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {program}"))
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// Fail (never skip) when a program the tests need is missing.
+pub fn require(program: &str) {
+    assert!(
+        have(program),
+        "`{program}` is not installed: run scripts/install-test-deps.sh (apt-get install …)"
+    );
+}

@@ -1,0 +1,245 @@
+//! The `tlmalloc` launcher: `run [--stats|--stats-all] -- PROGRAM`, `lib`,
+//! `pkg-config`, `install`.
+
+#[path = "../../tlmalloc-capi/tests/common/mod.rs"]
+mod common;
+
+use common::*;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The launcher, with libtlmalloc.so built next to it (same target dir and profile).
+fn launcher() -> PathBuf {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_tlmalloc"));
+    let lib = lib();
+    assert_eq!(
+        lib.parent().unwrap().canonicalize().unwrap(),
+        exe.parent().unwrap().canonicalize().unwrap(),
+        "libtlmalloc.so is not next to the launcher"
+    );
+    exe
+}
+
+fn tlmalloc(args: &[&str]) -> Command {
+    let mut cmd = Command::new(launcher());
+    cmd.args(args)
+        .env_remove("TLMALLOC_LIB")
+        .env_remove("TLMALLOC_SHOW_STATS")
+        .env_remove("LD_PRELOAD");
+    cmd
+}
+
+/// README's first command, with a real program: the program's output is
+/// unchanged, and its summary proves tlmalloc served it.
+#[test]
+fn run_with_stats_prints_a_summary_of_the_program_only() {
+    require("sqlite3");
+    let sql = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 100000) \
+               SELECT count(*), sum(x), length(group_concat(x)) FROM c;";
+    let out = run(
+        "tlmalloc run --stats -- sqlite3",
+        &mut tlmalloc(&["run", "--stats", "--", "sqlite3", ":memory:", sql]),
+    );
+    assert_success("tlmalloc run", &out);
+    assert_eq!(text(&out.stdout), "100000|5000050000|588894\n");
+    let stderr = text(&out.stderr);
+    assert_active(&stderr, "sqlite3");
+    assert_eq!(summaries(&stderr).len(), 1, "{stderr}");
+    assert!(
+        stderr.contains("mapped now:") && stderr.contains("peak:"),
+        "{stderr}"
+    );
+
+    // Only the program prints, not the processes it starts ...
+    let out = run(
+        "tlmalloc run --stats -- bash -c",
+        &mut tlmalloc(&[
+            "run",
+            "--stats",
+            "--",
+            "bash",
+            "-c",
+            "ls / > /dev/null; ls / > /dev/null; echo done",
+        ]),
+    );
+    assert_success("tlmalloc run bash", &out);
+    assert_eq!(text(&out.stdout), "done\n");
+    let all = summaries(&text(&out.stderr));
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_eq!(all[0].program, "bash");
+    // ... unless asked. `ls` closes its standard error before it exits: the
+    // summary still gets out (through a descriptor saved at start-up).
+    let out = run(
+        "tlmalloc run --stats-all -- bash -c",
+        &mut tlmalloc(&[
+            "run",
+            "--stats-all",
+            "--",
+            "bash",
+            "-c",
+            "ls / > /dev/null; ls / > /dev/null; echo done",
+        ]),
+    );
+    assert_success("tlmalloc run --stats-all", &out);
+    let all = summaries(&text(&out.stderr));
+    let names: Vec<&str> = all.iter().map(|s| s.program.as_str()).collect();
+    assert_eq!(names.iter().filter(|n| **n == "ls").count(), 2, "{names:?}");
+    assert!(names.contains(&"bash"), "{names:?}");
+}
+
+/// Without --stats nothing is added to the program's output; the exit status,
+/// arguments and environment are the program's.
+#[test]
+fn run_is_transparent() {
+    let out = run(
+        "tlmalloc run -- sh -c",
+        &mut tlmalloc(&[
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$1 $2\"; echo \"$LD_PRELOAD\"; exit 7",
+            "sh",
+            "a b",
+            "c",
+        ]),
+    );
+    assert_eq!(out.status.code(), Some(7));
+    let stdout = text(&out.stdout);
+    let mut lines = stdout.lines();
+    assert_eq!(lines.next(), Some("a b c"));
+    assert_eq!(
+        lines.next().map(PathBuf::from),
+        Some(lib().canonicalize().unwrap())
+    );
+    assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
+
+    // `--` is optional; an existing LD_PRELOAD is kept after ours.
+    let other = lib().canonicalize().unwrap();
+    let out = run(
+        "tlmalloc run sh (with LD_PRELOAD)",
+        tlmalloc(&["run", "sh", "-c", "echo \"$LD_PRELOAD\""]).env("LD_PRELOAD", &other),
+    );
+    assert_success("tlmalloc run", &out);
+    assert_eq!(
+        text(&out.stdout).trim(),
+        format!("{}:{}", other.display(), other.display())
+    );
+
+    let out = run(
+        "tlmalloc run missing",
+        &mut tlmalloc(&["run", "--", "/nonexistent/program"]),
+    );
+    assert_eq!(out.status.code(), Some(127));
+    assert!(text(&out.stderr).contains("cannot run /nonexistent/program"));
+    let out = run(
+        "tlmalloc run (no program)",
+        &mut tlmalloc(&["run", "--stats"]),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let out = run("tlmalloc (no command)", &mut tlmalloc(&[]));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("Usage:"));
+}
+
+/// `lib` prints the library next to the launcher; a launcher without one
+/// says how to build it.
+#[test]
+fn finds_the_library_next_to_itself() {
+    let out = run("tlmalloc lib", &mut tlmalloc(&["lib"]));
+    assert_success("tlmalloc lib", &out);
+    assert_eq!(
+        PathBuf::from(text(&out.stdout).trim()),
+        lib().canonicalize().unwrap()
+    );
+
+    let dir = scratch("launcher_alone");
+    let alone = dir.join("tlmalloc");
+    fs::copy(launcher(), &alone).unwrap();
+    let out = run(
+        "lonely tlmalloc lib",
+        Command::new(&alone).arg("lib").env_remove("TLMALLOC_LIB"),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("libtlmalloc.so not found") && stderr.contains("cargo build --release"),
+        "{stderr}"
+    );
+    let out = run(
+        "lonely tlmalloc lib (TLMALLOC_LIB)",
+        Command::new(&alone).arg("lib").env("TLMALLOC_LIB", lib()),
+    );
+    assert_success("tlmalloc lib", &out);
+}
+
+/// `pkg-config` describes the build tree; `install --prefix` lays out a
+/// prefix whose launcher finds its library in ../lib and whose .pc points there.
+#[test]
+fn pkg_config_and_install() {
+    let out = run("tlmalloc pkg-config", &mut tlmalloc(&["pkg-config"]));
+    assert_success("tlmalloc pkg-config", &out);
+    let pc = text(&out.stdout);
+    let libdir = lib()
+        .canonicalize()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    assert!(pc.contains(&format!("libdir={}", libdir.display())), "{pc}");
+    assert!(pc.contains("Libs: -L${libdir} -ltlmalloc"), "{pc}");
+    let include = pc
+        .lines()
+        .find_map(|l| l.strip_prefix("includedir="))
+        .unwrap();
+    assert!(Path::new(include).join("tlmalloc.h").is_file(), "{pc}");
+
+    let prefix = scratch("install_prefix");
+    let out = run(
+        "tlmalloc install",
+        &mut tlmalloc(&["install", "--prefix", prefix.to_str().unwrap()]),
+    );
+    assert_success("tlmalloc install", &out);
+    for f in [
+        "lib/libtlmalloc.so",
+        "lib/libtlmalloc.a",
+        "include/tlmalloc.h",
+        "lib/pkgconfig/tlmalloc.pc",
+        "bin/tlmalloc",
+    ] {
+        assert!(prefix.join(f).is_file(), "{f} not installed");
+    }
+    let out = run(
+        "installed tlmalloc lib",
+        Command::new(prefix.join("bin/tlmalloc"))
+            .arg("lib")
+            .env_remove("TLMALLOC_LIB"),
+    );
+    assert_success("installed tlmalloc lib", &out);
+    assert_eq!(
+        PathBuf::from(text(&out.stdout).trim()),
+        prefix.join("lib/libtlmalloc.so").canonicalize().unwrap()
+    );
+    let installed_pc = fs::read_to_string(prefix.join("lib/pkgconfig/tlmalloc.pc")).unwrap();
+    assert!(
+        installed_pc.contains(&format!("libdir={}", prefix.join("lib").display())),
+        "{installed_pc}"
+    );
+    if have("pkg-config") {
+        let out = Command::new("pkg-config")
+            .args(["--cflags", "--libs", "tlmalloc"])
+            .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig"))
+            .output()
+            .unwrap();
+        assert_success("pkg-config", &out);
+        assert_eq!(
+            text(&out.stdout).trim(),
+            format!(
+                "-I{} -L{} -ltlmalloc",
+                prefix.join("include").display(),
+                prefix.join("lib").display()
+            )
+        );
+    }
+}
