@@ -30,41 +30,14 @@ use tlmalloc_core as core_alloc;
 // Shared bodies (inlined into each exported name)
 // ---------------------------------------------------------------------------
 
-/// `malloc` with `errno = ENOMEM` on failure.
-///
-/// A null from the core means its slow path ran out of memory, or hit
-/// `TLMALLOC_MAX_RESERVED` (which makes no OS call that would set `errno`),
-/// so the result is tested. Small requests test it inline, which costs the
-/// fast path one push and one pop (the core's slow-path call is no longer a
-/// tail call); larger requests go to a separate function, so their two slow
-/// calls add nothing to the small fast path. Were the core to set `errno` on
-/// every null it returns, the test and the push/pop could go.
+/// `malloc`: the core sets `errno = ENOMEM` on every null it returns (its
+/// single `out_of_memory` exit), so the result needs no test here and the
+/// fast path is the core's own.
 #[inline(always)]
 fn do_malloc(size: usize) -> *mut c_void {
-    if size <= SMALL_REQUEST {
-        let p = core_alloc::malloc(size);
-        if p.is_null() {
-            return out_of_memory();
-        }
-        return p.cast();
-    }
-    malloc_above_small(size)
+    core_alloc::malloc(size).cast()
 }
 
-/// `malloc` of more than `SMALL_REQUEST` bytes.
-#[inline(never)]
-fn malloc_above_small(size: usize) -> *mut c_void {
-    let p = core_alloc::malloc(size);
-    if p.is_null() {
-        return out_of_memory();
-    }
-    p.cast()
-}
-
-/// The core's direct-lookup limit (`config::DIRECT_SIZE_MAX`): the first test
-/// is then the core's own small-size test, which the compiler drops from the
-/// inlined fast path.
-const SMALL_REQUEST: usize = tlmalloc_core::config::DIRECT_SIZE_MAX;
 
 /// # Safety
 /// `p` is null or a live block of ours.

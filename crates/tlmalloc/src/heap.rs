@@ -357,6 +357,15 @@ unsafe fn page_emptied(heap: *mut ThreadHeap, page: *mut Page) {
     }
 }
 
+/// Every allocation that fails ends here: null, with `errno = ENOMEM` for
+/// the C front end (Rust callers only see the null).
+#[cold]
+#[inline(never)]
+fn out_of_memory() -> *mut u8 {
+    os::set_errno(os::ENOMEM);
+    ptr::null_mut()
+}
+
 // ---------------------------------------------------------------------------
 // Large blocks and their recycle cache
 // ---------------------------------------------------------------------------
@@ -369,7 +378,7 @@ unsafe fn page_emptied(heap: *mut ThreadHeap, page: *mut Page) {
 #[inline(never)]
 pub fn large_alloc(size: usize, align: usize, zero: bool) -> *mut u8 {
     let Some(usable) = large::large_usable(size) else {
-        return ptr::null_mut();
+        return out_of_memory();
     };
     let mut segment = ptr::null_mut();
     if align <= OS_PAGE_SIZE && usable <= LARGE_CACHE_SIZE_MAX {
@@ -401,7 +410,7 @@ pub fn large_alloc(size: usize, align: usize, zero: bool) -> *mut u8 {
     }
     let segment = large::large_map(usable, align);
     if segment.is_null() {
-        return ptr::null_mut();
+        return out_of_memory();
     }
     // SAFETY: a fresh large segment.
     unsafe {
@@ -487,7 +496,7 @@ fn alloc_slow(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
         HeapKind::Empty => {
             let heap = init_thread_heap();
             if heap.is_null() {
-                return ptr::null_mut();
+                return out_of_memory();
             }
             return alloc_class(heap, class);
         }
@@ -509,7 +518,7 @@ fn alloc_slow(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
     unsafe {
         let page = find_page(heap, class);
         if page.is_null() {
-            return ptr::null_mut();
+            return out_of_memory();
         }
         let block = Page::pop(page);
         debug_assert!(!block.is_null());

@@ -188,6 +188,7 @@ mod api {
     /// Allocate `count * size` zeroed bytes; null on overflow or when out of memory.
     pub fn calloc(count: usize, size: usize) -> *mut u8 {
         let Some(total) = count.checked_mul(size) else {
+            set_errno_enomem();
             return ptr::null_mut();
         };
         if total > MEDIUM_SIZE_MAX {
@@ -276,7 +277,9 @@ mod api {
         // the holder of its block.
         unsafe {
             let usable = (*page).block_size;
-            if new_size <= usable && new_size >= usable / 2 {
+            // Same block while the new size fits and wastes at most half of
+            // it (small blocks, where moving would save little, always stay).
+            if new_size <= usable && (new_size >= usable / 2 || usable <= 128) {
                 return p;
             }
             if (*segment).kind == SegmentKind::Large
