@@ -86,8 +86,6 @@ pub struct ThreadHeap {
     pool_next: *mut ThreadHeap,
     /// Freed large blocks kept for this thread's next large requests.
     local_large: LocalLargeCache,
-    /// Coarse clock (ms) as of the last purge tick: timestamps frees cheaply.
-    clock_ms: u64,
     /// When this heap's next purge pass is due.
     next_purge_ms: u64,
     /// Slow-path calls left before the next clock read.
@@ -113,15 +111,6 @@ impl ThreadHeap {
     pub(crate) unsafe fn purge_countdown<'a>(heap: *mut ThreadHeap) -> &'a mut u32 {
         // SAFETY: caller contract.
         unsafe { &mut (*heap).purge_countdown }
-    }
-
-    /// Record the clock read by a purge tick.
-    ///
-    /// # Safety
-    /// The calling thread owns `heap`.
-    pub(crate) unsafe fn set_clock(heap: *mut ThreadHeap, now_ms: u64) {
-        // SAFETY: caller contract.
-        unsafe { (*heap).clock_ms = now_ms };
     }
 
     /// When the heap's next purge pass is due.
@@ -213,7 +202,6 @@ impl ThreadHeap {
             kind,
             pool_next: ptr::null_mut(),
             local_large: LocalLargeCache::new(),
-            clock_ms: 0,
             next_purge_ms: 0,
             purge_countdown: 1,
             large_local_hits: 0,
@@ -382,9 +370,17 @@ pub fn large_alloc(size: usize, align: usize, zero: bool) -> *mut u8 {
     };
     let mut segment = ptr::null_mut();
     if align <= OS_PAGE_SIZE && usable <= LARGE_CACHE_SIZE_MAX {
-        let heap = os::thread_heap();
+        let mut heap = os::thread_heap();
         // SAFETY: `heap` is this thread's heap; only a thread heap is touched.
         unsafe {
+            if (*heap).kind == HeapKind::Empty {
+                // A thread whose first allocation is large gets its heap now,
+                // so its frees have a local cache and its slow paths purge.
+                let new = init_thread_heap();
+                if !new.is_null() {
+                    heap = new;
+                }
+            }
             if (*heap).kind == HeapKind::Thread {
                 purge::tick(heap);
                 segment = (*heap).local_large.take(usable);
@@ -434,12 +430,18 @@ pub unsafe fn large_free(segment: *mut Segment) {
             let heap = os::thread_heap();
             if (*heap).kind == HeapKind::Thread {
                 purge::tick(heap);
-                large::large_mark_cached(segment, (*heap).clock_ms);
+                // A fresh clock read (vDSO, no system call): a heap's last tick may
+                // be long past if the thread was idle, and a stale stamp would age
+                // the block at once.
+                large::large_mark_cached(segment, os::now_ms());
                 if (*heap).local_large.put(segment) {
                     return;
                 }
             } else {
-                large::large_mark_cached(segment, os::now_ms());
+                let now = os::now_ms();
+                large::large_mark_cached(segment, now);
+                // No heap of its own to tick: run the process-wide pass if due.
+                purge::purge_shared(now, false);
             }
             if large_cache::shared_put(segment) {
                 return;
@@ -638,7 +640,7 @@ unsafe fn release_page(heap: *mut ThreadHeap, page: *mut Page) {
         let segment = Segment::of(page.cast());
         let was_full = (*segment).free_mask == 0;
         let index = (*segment).page_index(page);
-        if (*segment).release_page(index, (*heap).clock_ms) {
+        if (*segment).release_page(index, os::now_ms()) {
             segment_list_remove(heap, segment);
             (*segment).set_owner(0);
             arena::segment_free(segment);

@@ -124,7 +124,6 @@ unsafe fn tick_now(heap: *mut ThreadHeap) {
     let now = os::now_ms();
     // SAFETY: owner access (caller contract).
     unsafe {
-        ThreadHeap::set_clock(heap, now);
         if now < ThreadHeap::next_purge_ms(heap) {
             return;
         }
