@@ -487,6 +487,10 @@ fn alloc_slow(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
     unsafe {
         let page = (*heap).current[class];
         if !(*page).local_free.is_null() {
+            if (*heap).kind == HeapKind::Thread {
+                // Even a loop that only ever refills this way must purge.
+                purge::tick(heap);
+            }
             (*page).collect_local();
             return Page::pop(page).cast();
         }
