@@ -1,0 +1,260 @@
+//! Delayed purge: memory freed a while ago goes back to the OS while the
+//! thread keeps allocating (its slow paths tick the purge clock). With
+//! `MADV_DONTNEED` the RSS falls; with `MADV_FREE` the purges still happen
+//! (the RSS may stay until the kernel is short of memory).
+//!
+//! Raw API only (no `#[global_allocator]`): the harness's allocations stay
+//! in the system allocator. The tests change process-wide options, so they
+//! run one at a time.
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tlmalloc::options::{self, Opt};
+use tlmalloc::stats::os_stats;
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+const PAGE: usize = 4096;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Restores the options it saved when dropped.
+struct OptRestore(Vec<(Opt, usize)>);
+
+impl OptRestore {
+    fn save(opts: &[Opt]) -> Self {
+        OptRestore(opts.iter().map(|&o| (o, options::get(o))).collect())
+    }
+}
+
+impl Drop for OptRestore {
+    fn drop(&mut self) {
+        for &(o, v) in &self.0 {
+            options::set(o, v);
+        }
+    }
+}
+
+/// xorshift64*.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Resident bytes of this process (/proc/self/statm, second field).
+fn rss() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * PAGE
+}
+
+fn mib(b: usize) -> f64 {
+    b as f64 / MIB as f64
+}
+
+fn malloc(size: usize) -> *mut u8 {
+    let p = tlmalloc::malloc(size);
+    assert!(!p.is_null(), "malloc({size}) returned null");
+    p
+}
+
+/// Write one byte in every page of `[p, p + size)`.
+fn touch(p: *mut u8, size: usize) {
+    let mut off = 0;
+    while off < size {
+        // SAFETY: inside a live block of `size` bytes.
+        unsafe { *p.add(off) = 1 };
+        off += PAGE;
+    }
+    // SAFETY: as above.
+    unsafe { *p.add(size - 1) = 1 };
+}
+
+/// Allocate and touch `large` bytes in 1 MiB and 4 MiB blocks and `small`
+/// bytes in 16 B ..= 2 KiB blocks; return them all.
+fn burst(large: usize, small: usize, ptrs: &mut Vec<usize>, rng: &mut Rng) {
+    let mut bytes = 0;
+    let mut i = 0;
+    while bytes < large {
+        let size = if i % 2 == 0 { MIB } else { 4 * MIB };
+        i += 1;
+        let p = malloc(size);
+        touch(p, size);
+        ptrs.push(p as usize);
+        bytes += size;
+    }
+    let mut bytes = 0;
+    while bytes < small {
+        let size = 16 + rng.below(2033);
+        let p = malloc(size);
+        // SAFETY: a live block of `size` bytes (consecutive blocks cover every page).
+        unsafe {
+            *p = 1;
+            *p.add(size - 1) = 1;
+        }
+        ptrs.push(p as usize);
+        bytes += size;
+    }
+}
+
+fn free_all(ptrs: &mut Vec<usize>, rng: &mut Rng) {
+    for i in (1..ptrs.len()).rev() {
+        let j = rng.below(i + 1);
+        ptrs.swap(i, j);
+    }
+    for p in ptrs.drain(..) {
+        // SAFETY: live blocks of ours, freed once.
+        unsafe { tlmalloc::free(p as *mut u8) };
+    }
+}
+
+/// Small allocation work that reaches slow paths: a batch spanning several
+/// pages per class, then freed (pages are refilled and emptied).
+fn small_work(batch: &mut Vec<usize>, rng: &mut Rng) {
+    for _ in 0..4096 {
+        let p = malloc(16 + rng.below(2033));
+        // SAFETY: a live block of at least 16 bytes.
+        unsafe { *p = 7 };
+        batch.push(p as usize);
+    }
+    for p in batch.drain(..) {
+        // SAFETY: live blocks of ours, freed once.
+        unsafe { tlmalloc::free(p as *mut u8) };
+    }
+}
+
+#[test]
+fn freed_memory_is_purged_after_the_delay() {
+    let _s = serial();
+    let _o = OptRestore::save(&[Opt::PurgeDelayMs, Opt::PurgeMode]);
+    options::set(Opt::PurgeDelayMs, 100);
+    options::set(Opt::PurgeMode, options::PURGE_DONTNEED);
+    let mut rng = Rng(0x1234_5678_9ABC_DEF1);
+    let mut ptrs: Vec<usize> = Vec::with_capacity(200_000);
+    let mut batch: Vec<usize> = Vec::with_capacity(4096);
+    let mut curve: Vec<(u128, usize)> = Vec::with_capacity(1000);
+    small_work(&mut batch, &mut rng);
+    tlmalloc::collect();
+
+    let start_rss = rss();
+    let before = os_stats();
+    burst(256 * MIB, 64 * MIB, &mut ptrs, &mut rng);
+    let peak_rss = rss();
+    free_all(&mut ptrs, &mut rng);
+    let freed_at = Instant::now();
+    let after_free_rss = rss();
+    let limit = start_rss + 48 * MIB;
+    let mut last_sample = Instant::now() - Duration::from_secs(1);
+    let mut reached = None;
+    while freed_at.elapsed() < Duration::from_secs(5) {
+        small_work(&mut batch, &mut rng);
+        if last_sample.elapsed() >= Duration::from_millis(50) {
+            last_sample = Instant::now();
+            let r = rss();
+            curve.push((freed_at.elapsed().as_millis(), r));
+            if r < limit {
+                reached = Some(freed_at.elapsed());
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let after = os_stats();
+    println!(
+        "MADV_DONTNEED, delay 100 ms: RSS start {:.1} MiB, peak {:.1} MiB, right after free {:.1} MiB, \
+         limit {:.1} MiB, reached after {reached:?}; purge_calls +{}, purged +{:.1} MiB",
+        mib(start_rss),
+        mib(peak_rss),
+        mib(after_free_rss),
+        mib(limit),
+        after.purge_calls - before.purge_calls,
+        mib(after.purged_bytes - before.purged_bytes)
+    );
+    println!(
+        "curve (ms after free: RSS MiB): {}",
+        curve
+            .iter()
+            .map(|&(t, r)| format!("{t}:{:.1}", mib(r)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    assert!(
+        peak_rss >= start_rss + 256 * MIB,
+        "the burst was not resident"
+    );
+    assert!(
+        after.purge_calls > before.purge_calls,
+        "no purge in 5 s with a 100 ms delay"
+    );
+    assert!(
+        reached.is_some(),
+        "RSS {:.1} MiB after 5 s, limit {:.1} MiB (start + 48 MiB)",
+        mib(curve.last().map_or(0, |c| c.1)),
+        mib(limit)
+    );
+}
+
+#[test]
+fn madv_free_mode_purges() {
+    let _s = serial();
+    let _o = OptRestore::save(&[Opt::PurgeDelayMs, Opt::PurgeMode]);
+    options::set(Opt::PurgeDelayMs, 100);
+    options::set(Opt::PurgeMode, options::PURGE_FREE);
+    let mut rng = Rng(0x0FED_CBA9_8765_4321);
+    let mut ptrs: Vec<usize> = Vec::with_capacity(100_000);
+    let mut batch: Vec<usize> = Vec::with_capacity(4096);
+    small_work(&mut batch, &mut rng);
+    tlmalloc::collect();
+
+    let start_rss = rss();
+    let before = os_stats();
+    burst(64 * MIB, 16 * MIB, &mut ptrs, &mut rng);
+    free_all(&mut ptrs, &mut rng);
+    let freed_at = Instant::now();
+    let mut purged_at = None;
+    while freed_at.elapsed() < Duration::from_secs(5) {
+        small_work(&mut batch, &mut rng);
+        let s = os_stats();
+        // The cached large blocks (at least 8 x 1 MiB here) purged.
+        if s.purge_calls > before.purge_calls && s.purged_bytes - before.purged_bytes >= 8 * MIB {
+            purged_at = Some(freed_at.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let after = os_stats();
+    println!(
+        "MADV_FREE, delay 100 ms: purged after {purged_at:?}: purge_calls +{}, purged +{:.1} MiB; \
+         RSS start {:.1} MiB, now {:.1} MiB (not checked: MADV_FREE pages stay until reclaimed)",
+        after.purge_calls - before.purge_calls,
+        mib(after.purged_bytes - before.purged_bytes),
+        mib(start_rss),
+        mib(rss())
+    );
+    assert!(
+        purged_at.is_some(),
+        "MADV_FREE mode: purge_calls +{} (+{} bytes) in 5 s with a 100 ms delay",
+        after.purge_calls - before.purge_calls,
+        after.purged_bytes - before.purged_bytes
+    );
+    // The purged memory is still usable: a burst after the purges works.
+    burst(16 * MIB, 4 * MIB, &mut ptrs, &mut rng);
+    free_all(&mut ptrs, &mut rng);
+    let _ = KIB;
+}
