@@ -434,10 +434,10 @@ pub unsafe fn large_free(segment: *mut Segment) {
             let heap = os::thread_heap();
             if (*heap).kind == HeapKind::Thread {
                 purge::tick(heap);
-                // A fresh clock read (vDSO, no system call): a heap's last tick may
-                // be long past if the thread was idle, and a stale stamp would age
-                // the block at once.
-                large::large_mark_cached(segment, os::now_ms());
+                // Unstamped (0): the next purge pass stamps it with its own
+                // clock, so an idle thread's stale clock cannot age the block,
+                // and a free costs no clock read.
+                large::large_mark_cached(segment, 0);
                 if (*heap).local_large.put(segment) {
                     return;
                 }
@@ -648,7 +648,7 @@ unsafe fn release_page(heap: *mut ThreadHeap, page: *mut Page) {
         let segment = Segment::of(page.cast());
         let was_full = (*segment).free_mask == 0;
         let index = (*segment).page_index(page);
-        if (*segment).release_page(index, os::now_ms()) {
+        if (*segment).release_page(index, 0) {
             segment_list_remove(heap, segment);
             (*segment).set_owner(0);
             arena::segment_free(segment);

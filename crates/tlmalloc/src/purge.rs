@@ -11,6 +11,11 @@
 //! - once per interval for the whole process (one thread elected by a CAS):
 //!   the shared large-block cache and the empty-segment cache, likewise.
 //!
+//! Frees never read the clock: a page released or a large block cached
+//! since the last pass carries a 0 stamp, and the next pass stamps it with
+//! its own clock. So memory is purged between `delay` and `delay + interval`
+//! after it was freed (the interval is `delay / 4`, at most 1 s).
+//!
 //! Worst case: memory stays resident while no thread reaches a slow path
 //! (a process that stops allocating keeps its free memory until it
 //! allocates again or calls `tlmalloc::collect()`). The hot paths never
@@ -74,10 +79,18 @@ pub unsafe fn purge_dirty_pages(
     // SAFETY: owner access; every dirty slot is a free page of ours.
     unsafe {
         let s = &mut *segment;
-        if s.dirty_mask == 0
-            || (!force && now_ms.saturating_sub(s.dirty_since_ms) < policy.delay_ms)
-        {
+        if s.dirty_mask == 0 {
             return;
+        }
+        if !force {
+            if s.dirty_since_ms == 0 {
+                // Freed since the last pass: its idle time starts now.
+                s.dirty_since_ms = now_ms;
+                return;
+            }
+            if now_ms.saturating_sub(s.dirty_since_ms) < policy.delay_ms {
+                return;
+            }
         }
         let base = segment as usize;
         let shift = s.page_shift;
@@ -173,6 +186,12 @@ pub fn purge_shared(now_ms: u64, force: bool) {
 pub unsafe fn keep_cached_large(segment: *mut Segment, now_ms: u64, policy: PurgePolicy) -> bool {
     // SAFETY: caller contract.
     unsafe {
+        if (*segment).cached_at_ms == 0 {
+            // Cached since the last pass (frees do not read the clock): its
+            // idle time starts now.
+            (*segment).cached_at_ms = now_ms;
+            return true;
+        }
         let age = now_ms.saturating_sub((*segment).cached_at_ms);
         if age >= policy.release_after_ms() {
             return false;

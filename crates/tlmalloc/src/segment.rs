@@ -253,7 +253,7 @@ impl Segment {
         debug_assert!(self.free_mask & (1u64 << index) == 0);
         if self.pages[index].capacity > 0 {
             if self.dirty_mask == 0 {
-                self.dirty_since_ms = now_ms;
+                self.dirty_since_ms = now_ms; // 0: stamped by the next purge pass
             }
             self.dirty_mask |= 1u64 << index;
         }
