@@ -15,7 +15,7 @@
 use core::ptr;
 
 use crate::segment::Segment;
-use crate::sync::{AtomicUsize, Ordering, SpinLock};
+use crate::sync::{const_unless_loom, AtomicUsize, Ordering, SpinLock};
 
 /// An intrusive stack of abandoned segments, linked through `Segment::next`.
 ///
@@ -57,21 +57,10 @@ pub struct Abandoned {
 }
 
 impl Abandoned {
-    /// An empty set.
-    #[cfg(not(loom))]
-    pub const fn new() -> Self {
-        Abandoned {
-            list: SpinLock::new(AbandonedList::new()),
-            count: AtomicUsize::new(0),
-        }
-    }
-
-    /// An empty set (loom's atomics are not `const`).
-    #[cfg(loom)]
-    pub fn new() -> Self {
-        Abandoned {
-            list: SpinLock::new(AbandonedList::new()),
-            count: AtomicUsize::new(0),
+    const_unless_loom! {
+        /// An empty set.
+        pub fn new() -> Self {
+            Abandoned { list: SpinLock::new(AbandonedList::new()), count: AtomicUsize::new(0) }
         }
     }
 

@@ -8,7 +8,7 @@
 
 use core::ptr;
 
-use crate::sync::{AtomicPtr, Ordering};
+use crate::sync::{const_unless_loom, AtomicPtr, Ordering};
 
 /// A free block. While free, its first word links to the next free block;
 /// this is the only "header" a block ever has, and it lives inside the block.
@@ -33,16 +33,11 @@ pub struct Block {
 pub struct ThreadFree(AtomicPtr<Block>);
 
 impl ThreadFree {
-    /// An empty list.
-    #[cfg(not(loom))]
-    pub const fn new() -> Self {
-        ThreadFree(AtomicPtr::new(ptr::null_mut()))
-    }
-
-    /// An empty list (loom's atomics are not `const`).
-    #[cfg(loom)]
-    pub fn new() -> Self {
-        ThreadFree(AtomicPtr::new(ptr::null_mut()))
+    const_unless_loom! {
+        /// An empty list.
+        pub fn new() -> Self {
+            ThreadFree(AtomicPtr::new(ptr::null_mut()))
+        }
     }
 
     /// Push a block freed by a non-owner thread.
@@ -138,46 +133,26 @@ const _: () = assert!(
 );
 
 impl Page {
-    /// A page slot that holds nothing (also the static empty page: its
-    /// `free` is null forever, so popping from it always takes the slow path).
-    #[cfg(not(loom))]
-    pub const fn new() -> Self {
-        Page {
-            free: ptr::null_mut(),
-            local_free: ptr::null_mut(),
-            used: 0,
-            capacity: 0,
-            reserved: 0,
-            class: 0,
-            in_use: false,
-            queued: false,
-            _pad: 0,
-            block_size: 0,
-            thread_free: ThreadFree::new(),
-            next: ptr::null_mut(),
-            prev: ptr::null_mut(),
-            area: ptr::null_mut(),
-        }
-    }
-
-    /// A page slot that holds nothing.
-    #[cfg(loom)]
-    pub fn new() -> Self {
-        Page {
-            free: ptr::null_mut(),
-            local_free: ptr::null_mut(),
-            used: 0,
-            capacity: 0,
-            reserved: 0,
-            class: 0,
-            in_use: false,
-            queued: false,
-            _pad: 0,
-            block_size: 0,
-            thread_free: ThreadFree::new(),
-            next: ptr::null_mut(),
-            prev: ptr::null_mut(),
-            area: ptr::null_mut(),
+    const_unless_loom! {
+        /// A page slot that holds nothing (also the static empty page: its
+        /// `free` is null forever, so popping from it always takes the slow path).
+        pub fn new() -> Self {
+            Page {
+                free: ptr::null_mut(),
+                local_free: ptr::null_mut(),
+                used: 0,
+                capacity: 0,
+                reserved: 0,
+                class: 0,
+                in_use: false,
+                queued: false,
+                _pad: 0,
+                block_size: 0,
+                thread_free: ThreadFree::new(),
+                next: ptr::null_mut(),
+                prev: ptr::null_mut(),
+                area: ptr::null_mut(),
+            }
         }
     }
 

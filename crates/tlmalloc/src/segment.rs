@@ -147,7 +147,34 @@ impl Segment {
         }
     }
 
-    /// Write a fresh header for a segment of `kind` at `self`.
+    /// A fresh header for a segment of `kind` in the mapping `map_base ..
+    /// map_base + map_size` (null/0 for a detached model-test header).
+    pub fn header(kind: SegmentKind, map_base: *mut u8, map_size: usize) -> Segment {
+        Segment {
+            owner: AtomicUsize::new(0),
+            page_shift: kind.page_shift(),
+            kind,
+            list: 0,
+            _pad: 0,
+            free_mask: kind.all_pages_mask(),
+            used_pages: 0,
+            _pad2: 0,
+            next: ptr::null_mut(),
+            prev: ptr::null_mut(),
+            map_base,
+            map_size,
+            dirty_mask: 0,
+            dirty_since_ms: 0,
+            cached_at_ms: 0,
+            zeroed: true,
+            purged: false,
+            _pad3: [0; 6],
+            _pad4: [0; 3],
+            pages: core::array::from_fn(|_| Page::new()),
+        }
+    }
+
+    /// Write a fresh header for a segment of `kind` at `segment`.
     ///
     /// # Safety
     /// `segment` points to at least `SEGMENT_HEADER_SIZE` writable bytes that
@@ -160,60 +187,7 @@ impl Segment {
         map_size: usize,
     ) {
         // SAFETY: the caller guarantees the memory is ours to overwrite.
-        unsafe {
-            ptr::write(
-                segment,
-                Segment {
-                    owner: AtomicUsize::new(0),
-                    page_shift: kind.page_shift(),
-                    kind,
-                    list: 0,
-                    _pad: 0,
-                    free_mask: kind.all_pages_mask(),
-                    used_pages: 0,
-                    _pad2: 0,
-                    next: ptr::null_mut(),
-                    prev: ptr::null_mut(),
-                    map_base,
-                    map_size,
-                    dirty_mask: 0,
-                    dirty_since_ms: 0,
-                    cached_at_ms: 0,
-                    zeroed: true,
-                    purged: false,
-                    _pad3: [0; 6],
-                    _pad4: [0; 3],
-                    pages: [const { Page::new() }; PAGES_PER_SEGMENT],
-                },
-            );
-        }
-    }
-
-    /// A detached header for model tests (loom's atomics are not `const`).
-    #[cfg(loom)]
-    pub fn new_for_model(kind: SegmentKind) -> Self {
-        Segment {
-            owner: AtomicUsize::new(0),
-            page_shift: kind.page_shift(),
-            kind,
-            list: 0,
-            _pad: 0,
-            free_mask: kind.all_pages_mask(),
-            used_pages: 0,
-            _pad2: 0,
-            next: ptr::null_mut(),
-            prev: ptr::null_mut(),
-            map_base: ptr::null_mut(),
-            map_size: 0,
-            dirty_mask: 0,
-            dirty_since_ms: 0,
-            cached_at_ms: 0,
-            zeroed: true,
-            purged: false,
-            _pad3: [0; 6],
-            _pad4: [0; 3],
-            pages: core::array::from_fn(|_| Page::new()),
-        }
+        unsafe { ptr::write(segment, Segment::header(kind, map_base, map_size)) };
     }
 
     /// The owning heap's address (0: none).

@@ -10,6 +10,21 @@ pub use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 pub use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
 use core::cell::UnsafeCell;
+
+/// Define a constructor that is `const`, except under loom, whose atomics
+/// cannot be built in a `const fn`: one body for both.
+macro_rules! const_unless_loom {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty $body:block) => {
+        $(#[$meta])*
+        #[cfg(not(loom))]
+        $vis const fn $name($($arg: $ty),*) -> $ret $body
+
+        $(#[$meta])*
+        #[cfg(loom)]
+        $vis fn $name($($arg: $ty),*) -> $ret $body
+    };
+}
+pub(crate) use const_unless_loom;
 use core::ops::{Deref, DerefMut};
 
 /// Tell the scheduler (or loom) that this thread is waiting for another one.
@@ -48,21 +63,10 @@ unsafe impl<T: Send> Sync for SpinLock<T> {}
 unsafe impl<T: Send> Send for SpinLock<T> {}
 
 impl<T> SpinLock<T> {
-    /// A new unlocked lock.
-    #[cfg(not(loom))]
-    pub const fn new(value: T) -> Self {
-        SpinLock {
-            locked: AtomicBool::new(false),
-            value: UnsafeCell::new(value),
-        }
-    }
-
-    /// A new unlocked lock (loom's atomics are not `const`).
-    #[cfg(loom)]
-    pub fn new(value: T) -> Self {
-        SpinLock {
-            locked: AtomicBool::new(false),
-            value: UnsafeCell::new(value),
+    const_unless_loom! {
+        /// A new unlocked lock.
+        pub fn new(value: T) -> Self {
+            SpinLock { locked: AtomicBool::new(false), value: UnsafeCell::new(value) }
         }
     }
 
