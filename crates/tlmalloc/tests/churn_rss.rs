@@ -7,56 +7,22 @@
 //!
 //! Its own test binary, so the RSS figures are this file's alone.
 
+mod common;
+
 use std::cell::Cell;
 use std::sync::Mutex;
 use std::thread;
 
+use common::{mib, proc_status_bytes, serial, Rng};
 use tlmalloc::HeapKind;
 
 #[global_allocator]
 static GLOBAL: tlmalloc::TlMalloc = tlmalloc::TlMalloc;
 
-/// Tests in this file are run one at a time (the stats are process-wide).
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A field of /proc/self/status in bytes (e.g. "VmHWM", "VmRSS").
-fn proc_status_bytes(field: &str) -> usize {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    for line in status.lines() {
-        if let Some(rest) = line.strip_prefix(field) {
-            let rest = rest.trim_start_matches(':').trim();
-            let kb: usize = rest.trim_end_matches("kB").trim().parse().unwrap();
-            return kb * 1024;
-        }
-    }
-    panic!("{field} not in /proc/self/status");
-}
-
-fn mib(b: usize) -> f64 {
-    b as f64 / 1048576.0
-}
-
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn size(&mut self) -> usize {
-        // Small sizes, log-uniform-ish: 1 B ..= 4 KiB, sometimes up to 32 KiB.
-        let bits = 1 + self.next() % if self.next() % 16 == 0 { 15 } else { 12 };
-        1 + (self.next() as usize & ((1usize << bits) - 1))
-    }
+/// Small sizes, log-uniform-ish: 1 B ..= 4 KiB, sometimes up to 32 KiB.
+fn small_size(rng: &mut Rng) -> usize {
+    let bits = 1 + rng.next() % if rng.next() % 16 == 0 { 15 } else { 12 };
+    1 + (rng.next() as usize & ((1usize << bits) - 1))
 }
 
 const THREADS: usize = 10_000;
@@ -65,12 +31,12 @@ const KEEP: usize = 5;
 
 /// One short-lived thread's work: churn, then hand back KEEP live blocks.
 fn worker(seed: u64) -> Vec<(usize, usize)> {
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = Rng::new(seed);
     let mut live: Vec<(usize, usize)> = Vec::with_capacity(64);
     let ops = 200 + (rng.next() % 200) as usize;
     for _ in 0..ops {
         if live.len() < 48 && (live.is_empty() || rng.next() % 3 != 0) {
-            let size = rng.size();
+            let size = small_size(&mut rng);
             let p = tlmalloc::malloc(size);
             assert!(!p.is_null());
             // SAFETY: a fresh block of `size` bytes.
@@ -87,7 +53,7 @@ fn worker(seed: u64) -> Vec<(usize, usize)> {
         }
     }
     while live.len() < KEEP {
-        let size = rng.size();
+        let size = small_size(&mut rng);
         let p = tlmalloc::malloc(size);
         // SAFETY: a fresh block of `size` bytes.
         unsafe { std::ptr::write_bytes(p, size as u8, size) };
@@ -377,7 +343,7 @@ unsafe extern "C" fn churn_key_destructor(value: *mut libc::c_void) {
     let mut rng = Rng(call as u64 ^ 0xDEAD_BEEF);
     let mut left = Vec::new();
     for i in 0..12 {
-        let size = rng.size();
+        let size = small_size(&mut rng);
         let p = tlmalloc::malloc(size);
         assert!(!p.is_null());
         // SAFETY: a fresh block of `size` bytes.

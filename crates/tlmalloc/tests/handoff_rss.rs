@@ -5,24 +5,15 @@
 //!
 //! Its own test binary, so the peak RSS is this test's alone.
 
+mod common;
+
 use std::sync::mpsc;
 use std::thread;
 
+use common::{mib, proc_status_bytes};
+
 #[global_allocator]
 static GLOBAL: tlmalloc::TlMalloc = tlmalloc::TlMalloc;
-
-/// A field of /proc/self/status in bytes (e.g. "VmHWM", "VmRSS").
-fn proc_status_bytes(field: &str) -> usize {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    for line in status.lines() {
-        if let Some(rest) = line.strip_prefix(field) {
-            let rest = rest.trim_start_matches(':').trim();
-            let kb: usize = rest.trim_end_matches("kB").trim().parse().unwrap();
-            return kb * 1024;
-        }
-    }
-    panic!("{field} not in /proc/self/status");
-}
 
 const BLOCKS: usize = 10_000_000;
 const BATCH: usize = 1024;
@@ -77,19 +68,19 @@ fn ten_million_blocks_handed_to_another_thread() {
     let stats = tlmalloc::stats::os_stats();
     println!(
         "handoff: start RSS {:.1} MiB, peak RSS (VmHWM) {:.1} MiB, final RSS {:.1} MiB",
-        start_rss as f64 / 1048576.0,
-        peak as f64 / 1048576.0,
-        rss as f64 / 1048576.0
+        mib(start_rss),
+        mib(peak),
+        mib(rss)
     );
     println!(
         "handoff: reserved {:.1} MiB, peak reserved {:.1} MiB, {:?}",
-        stats.reserved_bytes as f64 / 1048576.0,
-        stats.peak_reserved_bytes as f64 / 1048576.0,
+        mib(stats.reserved_bytes),
+        mib(stats.peak_reserved_bytes),
         stats
     );
     assert!(
         peak < 64 << 20,
         "peak RSS {:.1} MiB >= 64 MiB: remotely freed pages are not reused",
-        peak as f64 / 1048576.0
+        mib(peak)
     );
 }

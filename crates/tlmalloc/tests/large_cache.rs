@@ -10,22 +10,20 @@
 //! with `tlmalloc::collect()` (which empties this thread's cache) before it
 //! lets the next one run.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Barrier, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::{malloc, mib, OptRestore, Rng, KIB, MIB};
 use tlmalloc::options::{self, Opt};
 use tlmalloc::stats::{large_cache_stats, os_stats, LargeCacheStats, OsStats};
-
-const KIB: usize = 1 << 10;
-const MIB: usize = 1 << 20;
 
 // ---------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------
-
-static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Holds the file's lock; empties this thread's caches before releasing it.
 struct Serial {
@@ -40,7 +38,7 @@ impl Drop for Serial {
 }
 
 fn serial() -> Serial {
-    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let guard = common::serial();
     warm_up();
     tlmalloc::collect();
     Serial { _guard: guard }
@@ -54,55 +52,12 @@ fn warm_up() {
     assert_eq!(tlmalloc::thread_heap_kind(), tlmalloc::HeapKind::Thread);
 }
 
-/// Restores the options it saved when dropped (also on a failed assertion).
-struct OptRestore(Vec<(Opt, usize)>);
-
-impl OptRestore {
-    fn save(opts: &[Opt]) -> Self {
-        OptRestore(opts.iter().map(|&o| (o, options::get(o))).collect())
-    }
-}
-
-impl Drop for OptRestore {
-    fn drop(&mut self) {
-        for &(o, v) in &self.0 {
-            options::set(o, v);
-        }
-    }
-}
-
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 /// The size-class index of a usable size above 128 bytes (8 classes per
 /// doubling); only differences between indices matter here.
 fn class_index(usable: usize) -> usize {
     let m = usable - 1;
     let b = (usize::BITS - 1 - m.leading_zeros()) as usize;
     (b - 7) * 8 + ((m >> (b - 3)) - 8)
-}
-
-fn malloc(size: usize) -> *mut u8 {
-    let p = tlmalloc::malloc(size);
-    assert!(!p.is_null(), "malloc({size}) returned null");
-    p
 }
 
 fn free(p: *mut u8) {
@@ -118,10 +73,6 @@ fn usable(p: *mut u8) -> usize {
 fn cached() -> usize {
     let s = large_cache_stats();
     s.local_bytes + s.shared_bytes
-}
-
-fn mib(b: usize) -> f64 {
-    b as f64 / MIB as f64
 }
 
 /// Index of the first byte of `[p, p + len)` that is not `value`.

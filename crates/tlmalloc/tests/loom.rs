@@ -41,7 +41,11 @@ unsafe impl<T> Sync for Shared<T> {}
 
 /// A segment whose page 0 has `n` blocks, all handed out.
 fn segment_with_blocks(n: usize, owner: usize) -> (Shared<Segment>, Vec<usize>) {
-    let segment = Box::leak(Box::new(Segment::header(SegmentKind::Small, std::ptr::null_mut(), 0)));
+    let segment = Box::leak(Box::new(Segment::header(
+        SegmentKind::Small,
+        std::ptr::null_mut(),
+        0,
+    )));
     segment
         .owner
         .store(owner, loom::sync::atomic::Ordering::Relaxed);

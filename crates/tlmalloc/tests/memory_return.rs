@@ -5,43 +5,17 @@
 //! collecting (its segments are abandoned and `collect()` elsewhere adopts
 //! and releases them).
 
-use std::sync::Mutex;
+mod common;
+
 use std::thread;
+
+use common::{mib, reserved, serial, Rng};
 
 #[global_allocator]
 static GLOBAL: tlmalloc::TlMalloc = tlmalloc::TlMalloc;
 
-/// The counters are process-wide: run the tests of this file one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 const TOTAL: usize = 1 << 30;
 const SLACK: usize = 16 << 20;
-
-fn mib(b: usize) -> f64 {
-    b as f64 / 1048576.0
-}
-
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-}
-
-fn reserved() -> usize {
-    tlmalloc::stats::os_stats().reserved_bytes
-}
 
 /// Allocate `TOTAL` bytes in blocks of 16 ..= 1024 bytes, touching each.
 fn allocate_gib(seed: u64) -> Vec<usize> {
@@ -65,11 +39,7 @@ fn allocate_gib(seed: u64) -> Vec<usize> {
 
 /// Free every block, in a shuffled order.
 fn free_all(mut ptrs: Vec<usize>, seed: u64) {
-    let mut rng = Rng(seed | 1);
-    for i in (1..ptrs.len()).rev() {
-        let j = (rng.next() % (i as u64 + 1)) as usize;
-        ptrs.swap(i, j);
-    }
+    Rng(seed | 1).shuffle(&mut ptrs);
     for p in ptrs {
         // SAFETY: each pointer is a live block of ours, freed once.
         unsafe {

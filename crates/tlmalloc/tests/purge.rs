@@ -7,72 +7,13 @@
 //! in the system allocator. The tests change process-wide options, so they
 //! run one at a time.
 
-use std::sync::{Mutex, MutexGuard};
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::{format_curve, malloc, mib, rss, serial, OptRestore, Rng, MIB, PAGE};
 use tlmalloc::options::{self, Opt};
 use tlmalloc::stats::os_stats;
-
-const KIB: usize = 1 << 10;
-const MIB: usize = 1 << 20;
-const PAGE: usize = 4096;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Restores the options it saved when dropped.
-struct OptRestore(Vec<(Opt, usize)>);
-
-impl OptRestore {
-    fn save(opts: &[Opt]) -> Self {
-        OptRestore(opts.iter().map(|&o| (o, options::get(o))).collect())
-    }
-}
-
-impl Drop for OptRestore {
-    fn drop(&mut self) {
-        for &(o, v) in &self.0 {
-            options::set(o, v);
-        }
-    }
-}
-
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
-/// Resident bytes of this process (/proc/self/statm, second field).
-fn rss() -> usize {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
-    let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-    pages * PAGE
-}
-
-fn mib(b: usize) -> f64 {
-    b as f64 / MIB as f64
-}
-
-fn malloc(size: usize) -> *mut u8 {
-    let p = tlmalloc::malloc(size);
-    assert!(!p.is_null(), "malloc({size}) returned null");
-    p
-}
 
 /// Write one byte in every page of `[p, p + size)`.
 fn touch(p: *mut u8, size: usize) {
@@ -114,10 +55,7 @@ fn burst(large: usize, small: usize, ptrs: &mut Vec<usize>, rng: &mut Rng) {
 }
 
 fn free_all(ptrs: &mut Vec<usize>, rng: &mut Rng) {
-    for i in (1..ptrs.len()).rev() {
-        let j = rng.below(i + 1);
-        ptrs.swap(i, j);
-    }
+    rng.shuffle(ptrs);
     for p in ptrs.drain(..) {
         // SAFETY: live blocks of ours, freed once.
         unsafe { tlmalloc::free(p as *mut u8) };
@@ -186,14 +124,7 @@ fn freed_memory_is_purged_after_the_delay() {
         after.purge_calls - before.purge_calls,
         mib(after.purged_bytes - before.purged_bytes)
     );
-    println!(
-        "curve (ms after free: RSS MiB): {}",
-        curve
-            .iter()
-            .map(|&(t, r)| format!("{t}:{:.1}", mib(r)))
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
+    println!("curve (ms after free: RSS MiB): {}", format_curve(&curve));
     assert!(
         peak_rss >= start_rss + 256 * MIB,
         "the burst was not resident"
@@ -256,5 +187,4 @@ fn madv_free_mode_purges() {
     // The purged memory is still usable: a burst after the purges works.
     burst(16 * MIB, 4 * MIB, &mut ptrs, &mut rng);
     free_all(&mut ptrs, &mut rng);
-    let _ = KIB;
 }

@@ -7,24 +7,15 @@
 //! `TlMalloc::realloc`. The tests touch up to 1 GiB each, so they run one at
 //! a time.
 
-use std::alloc::{alloc, dealloc, realloc, Layout};
-use std::sync::{Mutex, MutexGuard};
+mod common;
 
+use std::alloc::{alloc, dealloc, realloc, Layout};
+
+use common::{mib, serial, GIB, KIB, MIB, PAGE};
 use tlmalloc::stats::os_stats;
 
 #[global_allocator]
 static GLOBAL: tlmalloc::TlMalloc = tlmalloc::TlMalloc;
-
-const KIB: usize = 1 << 10;
-const MIB: usize = 1 << 20;
-const GIB: usize = 1 << 30;
-const PAGE: usize = 4096;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// The word stored at the start of page `i` of the buffer.
 fn page_word(i: usize) -> u64 {
@@ -144,7 +135,7 @@ fn doubling_to_a_gib_with_tlmalloc_realloc_remaps() {
         g.moved,
         g.remaps,
         after.map_calls - before.map_calls,
-        after.reserved_bytes as f64 / MIB as f64
+        mib(after.reserved_bytes)
     );
     assert!(g.remaps > 0, "no growth used mremap");
     // Ten doublings: a copying realloc would have mapped a new block each time.
@@ -276,8 +267,8 @@ fn grown_block_is_released_after_free() {
     let end = os_stats().reserved_bytes;
     println!(
         "grown block: reserved {:.1} MiB before, {:.1} MiB after free + collect",
-        start as f64 / MIB as f64,
-        end as f64 / MIB as f64
+        mib(start),
+        mib(end)
     );
     assert!(
         end <= start + 8 * MIB,

@@ -7,38 +7,23 @@
 //! harness's own allocations must not run into it), with every container it
 //! needs allocated before the cap is set.
 
+mod common;
+
 use std::alloc::{alloc, alloc_zeroed, dealloc, Layout};
 use std::hint::black_box;
 
+use common::{mib, reserved, OptRestore, MIB};
 use tlmalloc::options::{self, Opt};
 use tlmalloc::stats::os_stats;
 
 #[global_allocator]
 static GLOBAL: tlmalloc::TlMalloc = tlmalloc::TlMalloc;
 
-const MIB: usize = 1 << 20;
-
-/// Restores the option when dropped (also on a failed assertion), so the
-/// harness can still report.
-struct CapReset(usize);
-
-impl Drop for CapReset {
-    fn drop(&mut self) {
-        options::set(Opt::MaxReserved, self.0);
-    }
-}
-
-fn reserved() -> usize {
-    os_stats().reserved_bytes
-}
-
-fn mib(b: usize) -> f64 {
-    b as f64 / MIB as f64
-}
-
 #[test]
 fn requests_past_the_cap_get_null() {
-    let _reset = CapReset(options::get(Opt::MaxReserved));
+    // Restores the cap when dropped (also on a failed assertion), so the
+    // harness can still report.
+    let _reset = OptRestore::save(&[Opt::MaxReserved]);
     // Everything this test keeps, allocated before the cap is set.
     let mut big: Vec<*mut u8> = Vec::with_capacity(64);
     let mut fill: Vec<(usize, *mut u8)> = Vec::with_capacity(1024);

@@ -7,58 +7,24 @@
 //! Its own test binary (tlmalloc is the global allocator), so the RSS is
 //! this test's alone.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::{format_curve, malloc, mib, rss, Rng, MIB, PAGE};
 use tlmalloc::stats::{large_cache_stats, os_stats};
 
 #[global_allocator]
 static GLOBAL: tlmalloc::TlMalloc = tlmalloc::TlMalloc;
 
-const KIB: usize = 1 << 10;
-const MIB: usize = 1 << 20;
-const PAGE: usize = 4096;
 const PER_THREAD: usize = 512 * MIB;
 const RSS_LIMIT: usize = 64 * MIB;
 
 static FREED: AtomicUsize = AtomicUsize::new(0);
 static STOP: AtomicBool = AtomicBool::new(false);
 static SMALL_OPS: AtomicUsize = AtomicUsize::new(0);
-
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
-/// Resident bytes of this process (/proc/self/statm, second field).
-fn rss() -> usize {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
-    let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-    pages * PAGE
-}
-
-fn mib(b: usize) -> f64 {
-    b as f64 / MIB as f64
-}
-
-fn malloc(size: usize) -> *mut u8 {
-    let p = tlmalloc::malloc(size);
-    assert!(!p.is_null(), "malloc({size}) returned null");
-    p
-}
 
 /// 64 KiB ..= 4 MiB, spread evenly over the powers of two.
 fn large_size(rng: &mut Rng) -> usize {
@@ -101,10 +67,7 @@ fn worker(seed: u64) {
             large += size;
         }
     }
-    for i in (1..ptrs.len()).rev() {
-        let j = rng.below(i + 1);
-        ptrs.swap(i, j);
-    }
+    rng.shuffle(&mut ptrs);
     for &p in &ptrs {
         // SAFETY: live blocks of ours, freed once.
         unsafe { tlmalloc::free(p as *mut u8) };
@@ -193,14 +156,7 @@ fn rss_returns_after_a_two_thread_burst() {
         mib(end.purged_bytes - at_free.purged_bytes),
         mib(end.reserved_bytes)
     );
-    println!(
-        "curve (ms after frees: RSS MiB): {}",
-        curve
-            .iter()
-            .map(|&(t, r)| format!("{t}:{:.1}", mib(r)))
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
+    println!("curve (ms after frees: RSS MiB): {}", format_curve(&curve));
     assert!(
         peak >= PER_THREAD,
         "the burst was not resident (peak {:.1} MiB)",
@@ -212,5 +168,4 @@ fn rss_returns_after_a_two_thread_burst() {
         mib(curve.last().unwrap().1),
         mib(RSS_LIMIT)
     );
-    let _ = KIB;
 }

@@ -151,7 +151,10 @@ fn good_size_of_large_requests() {
         assert_eq!(g % 4096, 0, "large blocks are whole OS pages");
         if n <= LARGE_CACHE_SIZE_MAX {
             // Recyclable large blocks keep the 8-classes-per-doubling bound.
-            assert!((g - n) * 8 <= g, "good_size({n}) = {g} wastes more than 12.5 %");
+            assert!(
+                (g - n) * 8 <= g,
+                "good_size({n}) = {g} wastes more than 12.5 %"
+            );
         } else {
             // Beyond the recycle cache: never more than a page of slack.
             assert!(g - n < 4096, "good_size({n}) = {g} wastes more than a page");

@@ -4,48 +4,34 @@
 //! (remote frees), realloc across classes, random alignments; plus a test of
 //! the raw C-style API.
 
+mod common;
+
 use std::alloc::{alloc, dealloc, realloc, Layout};
 use std::sync::mpsc;
 use std::sync::OnceLock;
 use std::thread;
 
+use common::Rng;
+
 #[global_allocator]
 static GLOBAL: tlmalloc::TlMalloc = tlmalloc::TlMalloc;
 
-/// xorshift64* — deterministic, tiny, good enough for test input.
-struct Rng(u64);
+/// Log-uniform in `lo..=hi`.
+fn log_uniform(rng: &mut Rng, lo: usize, hi: usize) -> usize {
+    let lo_bits = usize::BITS - lo.leading_zeros(); // bit length
+    let hi_bits = usize::BITS - hi.leading_zeros();
+    let bits = lo_bits + rng.below((hi_bits - lo_bits + 1) as usize) as u32;
+    let top = 1usize << (bits - 1);
+    let v = top + (rng.next() as usize & (top - 1));
+    v.clamp(lo, hi)
+}
 
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    /// Log-uniform in `lo..=hi`.
-    fn log_uniform(&mut self, lo: usize, hi: usize) -> usize {
-        let lo_bits = usize::BITS - lo.leading_zeros(); // bit length
-        let hi_bits = usize::BITS - hi.leading_zeros();
-        let bits = lo_bits + self.below((hi_bits - lo_bits + 1) as u64) as u32;
-        let top = 1usize << (bits - 1);
-        let v = top + (self.next() as usize & (top - 1));
-        v.clamp(lo, hi)
-    }
-    /// Mostly small sizes: 1 B .. 1 MiB, log-uniform within bands.
-    fn size(&mut self) -> usize {
-        match self.below(1000) {
-            0..=899 => self.log_uniform(1, 1024),
-            900..=989 => self.log_uniform(1025, 128 * 1024),
-            _ => self.log_uniform(128 * 1024 + 1, 1 << 20),
-        }
+/// Mostly small sizes: 1 B .. 1 MiB, log-uniform within bands.
+fn random_size(rng: &mut Rng) -> usize {
+    match rng.below(1000) {
+        0..=899 => log_uniform(rng, 1, 1024),
+        900..=989 => log_uniform(rng, 1025, 128 * 1024),
+        _ => log_uniform(rng, 128 * 1024 + 1, 1 << 20),
     }
 }
 
@@ -117,7 +103,7 @@ fn layout(b: &Block) -> Layout {
 }
 
 fn new_block(rng: &mut Rng, id: u64) -> Block {
-    let size = rng.size();
+    let size = random_size(rng);
     let align = if rng.below(8) == 0 {
         1usize << rng.below(13) // 1 ..= 4096
     } else {
@@ -154,10 +140,10 @@ fn realloc_block(rng: &mut Rng, b: &mut Block) {
     check(b.ptr as *const u8, b.size, b.id, "before realloc");
     let new_size = if rng.below(2) == 0 {
         // Grow, possibly across several classes (and into large blocks).
-        (b.size + 1 + rng.log_uniform(1, b.size.max(16) * 4)).min(MAX_BLOCK)
+        (b.size + 1 + log_uniform(rng, 1, b.size.max(16) * 4)).min(MAX_BLOCK)
     } else {
         // Shrink, possibly a lot.
-        1 + rng.below(b.size as u64) as usize
+        1 + rng.below(b.size)
     };
     // SAFETY: live block, non-zero new size that does not overflow when rounded.
     let q = unsafe { realloc(b.ptr as *mut u8, layout(b), new_size) };
@@ -219,17 +205,17 @@ fn four_threads_random_ops_with_remote_frees() {
                         live.push(new_block(&mut rng, next_id));
                     }
                     0..=79 if !live.is_empty() => {
-                        let i = rng.below(live.len() as u64) as usize;
+                        let i = rng.below(live.len());
                         let b = live.swap_remove(i);
                         free_block(b, "local free");
                     }
                     80..=89 if !live.is_empty() => {
-                        let i = rng.below(live.len() as u64) as usize;
+                        let i = rng.below(live.len());
                         realloc_block(&mut rng, &mut live[i]);
                         reallocs += 1;
                     }
                     90..=97 if !live.is_empty() => {
-                        let i = rng.below(live.len() as u64) as usize;
+                        let i = rng.below(live.len());
                         outgoing.push(live.swap_remove(i));
                         if outgoing.len() >= 32 {
                             sent += outgoing.len();
@@ -246,7 +232,7 @@ fn four_threads_random_ops_with_remote_frees() {
                         // Occasionally a large aligned request straight through.
                         if rng.below(16) == 0 {
                             let a = 1usize << (5 + rng.below(8)); // 32 ..= 4096
-                            let s = rng.log_uniform(1, 300_000);
+                            let s = log_uniform(&mut rng, 1, 300_000);
                             let l = Layout::from_size_align(s, a).unwrap();
                             // SAFETY: non-zero size.
                             let p = unsafe { std::alloc::alloc_zeroed(l) };
@@ -310,7 +296,7 @@ fn vec_growth_and_strings_across_threads() {
     });
     let mut rng = Rng::new(99);
     for i in 0..n {
-        let len = 1 + rng.below(if i % 100 == 0 { 20_000 } else { 100 }) as usize;
+        let len = 1 + rng.below(if i % 100 == 0 { 20_000 } else { 100 });
         let mut v = Vec::new();
         v.push(len as u32);
         for j in 1..len {

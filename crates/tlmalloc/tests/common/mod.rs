@@ -1,0 +1,120 @@
+//! Helpers shared by the integration tests: sizes, RSS readings, a small
+//! PRNG, a per-binary test lock and option guards.
+//!
+//! Each test binary includes this module with `mod common;` and uses a
+//! subset of it, hence the `dead_code` allowance.
+
+#![allow(dead_code)]
+
+use std::sync::{Mutex, MutexGuard};
+
+use tlmalloc::options::{self, Opt};
+
+pub const KIB: usize = 1 << 10;
+pub const MIB: usize = 1 << 20;
+pub const GIB: usize = 1 << 30;
+/// The page size the tests assume (and the unit of /proc/self/statm).
+pub const PAGE: usize = 4096;
+
+/// Bytes as MiB, for reports.
+pub fn mib(b: usize) -> f64 {
+    b as f64 / MIB as f64
+}
+
+/// An RSS curve of (milliseconds, bytes) samples as `ms:MiB` pairs.
+pub fn format_curve(curve: &[(u128, usize)]) -> String {
+    curve
+        .iter()
+        .map(|&(t, r)| format!("{t}:{:.1}", mib(r)))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A field of /proc/self/status in bytes (e.g. "VmHWM", "VmRSS").
+pub fn proc_status_bytes(field: &str) -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    for line in status.lines() {
+        if let Some(rest) = line.strip_prefix(field) {
+            let rest = rest.trim_start_matches(':').trim();
+            let kb: usize = rest.trim_end_matches("kB").trim().parse().unwrap();
+            return kb * 1024;
+        }
+    }
+    panic!("{field} not in /proc/self/status");
+}
+
+/// Resident bytes of this process (/proc/self/statm, second field).
+pub fn rss() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * PAGE
+}
+
+/// Bytes currently mapped from the OS by tlmalloc.
+pub fn reserved() -> usize {
+    tlmalloc::stats::os_stats().reserved_bytes
+}
+
+/// `tlmalloc::malloc` that fails the test on null.
+pub fn malloc(size: usize) -> *mut u8 {
+    let p = tlmalloc::malloc(size);
+    assert!(!p.is_null(), "malloc({size}) returned null");
+    p
+}
+
+/// xorshift64* — deterministic, tiny, good enough for test input.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// A generator from any seed (mixed, and never zero).
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A number in `0..n`.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    /// Fisher–Yates shuffle of `v`.
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = self.below(i + 1);
+            v.swap(i, j);
+        }
+    }
+}
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Runs the tests of one binary one at a time (the counters and options are
+/// process-wide); a test that panicked does not poison the lock.
+pub fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Restores the options it saved when dropped (also on a failed assertion).
+pub struct OptRestore(Vec<(Opt, usize)>);
+
+impl OptRestore {
+    pub fn save(opts: &[Opt]) -> Self {
+        OptRestore(opts.iter().map(|&o| (o, options::get(o))).collect())
+    }
+}
+
+impl Drop for OptRestore {
+    fn drop(&mut self) {
+        for &(o, v) in &self.0 {
+            options::set(o, v);
+        }
+    }
+}
