@@ -38,7 +38,6 @@ fn do_malloc(size: usize) -> *mut c_void {
     core_alloc::malloc(size).cast()
 }
 
-
 /// # Safety
 /// `p` is null or a live block of ours.
 #[inline(always)]

@@ -42,6 +42,10 @@ Usage:
         C++ operator new of the program and its children is tlmalloc's).
         --stats      print a summary of tlmalloc's counters when PROGRAM exits
         --stats-all  print one for every process PROGRAM starts, too
+  tlmalloc bench [--quick] [--workloads …] [--allocators …] [--threads …] [--runs N] [--callgrind]
+        Compare tlmalloc with glibc, jemalloc, tcmalloc and mimalloc side by
+        side (interleaved runs, medians, ratios); writes target/bench/
+        (results.json, report.md, SVG charts). `tlmalloc bench --help` for all options.
   tlmalloc lib
         Print the path of libtlmalloc.so (for LD_PRELOAD=$(tlmalloc lib)).
   tlmalloc pkg-config [--prefix DIR]
@@ -65,6 +69,13 @@ fn main() {
     let rest = &args[1..];
     let result = match command {
         "run" => cmd_run(rest),
+        "bench" => {
+            let words: Vec<String> = rest
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            exit(tlmalloc_benchsuite::main_with_args(&words));
+        }
         "lib" => find_library().map(|lib| println!("{}", lib.display())),
         "pkg-config" => cmd_pkg_config(rest),
         "install" => cmd_install(rest),
