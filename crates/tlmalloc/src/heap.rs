@@ -21,6 +21,7 @@ use crate::large_cache::{self, LocalLargeCache, LARGE_CACHE_SIZE_MAX};
 use crate::os;
 use crate::page::{Block, Page};
 use crate::purge::{self, PurgePolicy};
+use crate::report;
 use crate::segment::{Segment, SegmentKind};
 use crate::size_class::{class_of, class_size, direct_class, CLASS_COUNT, FIRST_MEDIUM_CLASS};
 use crate::stats;
@@ -430,6 +431,13 @@ pub fn large_alloc(size: usize, align: usize, zero: bool) -> *mut u8 {
 pub unsafe fn large_free(segment: *mut Segment) {
     // SAFETY: the caller hands us the block's segment.
     unsafe {
+        if (*segment).pages[0].used == 0 {
+            report::misuse(
+                "free",
+                large::large_block(segment),
+                "double free of a large block",
+            );
+        }
         if large::large_cacheable(segment) {
             let heap = os::thread_heap();
             if (*heap).kind == HeapKind::Thread {

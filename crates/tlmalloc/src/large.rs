@@ -204,13 +204,15 @@ pub unsafe fn large_reuse(segment: *mut Segment, usable: usize) -> *mut u8 {
         let page = &mut (*segment).pages[0];
         page.block_size = usable;
         page.used = 1;
-        segment_map::set_chunk(segment.cast(), CHUNK_SEGMENT);
         page.area
     }
 }
 
-/// Mark a freed large segment as cached (a stray free of its block is then
-/// reported as foreign instead of corrupting the cache).
+/// Mark a freed large segment as cached: `used = 0`, so a second free of its
+/// block is reported (`heap::large_free`) instead of corrupting the cache.
+/// The segment map keeps saying "segment": writing it here would make two
+/// threads' alloc/free loops share a cache line of the map (the bytes of
+/// neighbouring segments), which halved throughput at two threads.
 ///
 /// # Safety
 /// The caller holds `segment`, whose block was just freed.
@@ -222,7 +224,6 @@ pub unsafe fn large_mark_cached(segment: *mut Segment, now_ms: u64) {
         (*segment).zeroed = false;
         (*segment).purged = false;
     }
-    segment_map::set_chunk(segment.cast(), CHUNK_FOREIGN);
 }
 
 /// Purge the block memory of a cached large segment (keeps the header page).
