@@ -40,112 +40,84 @@ type CxxFn = unsafe extern "C-unwind" fn();
 #[cfg(not(target_arch = "x86_64"))]
 compile_error!("tlmalloc-capi: the throwing operator new entry points are written for x86-64 only");
 
-/// `operator new(size_t)`.
-///
-/// # Safety
-/// Called by C++ code as `::operator new`.
-#[unsafe(naked)]
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn _Znwm(size: usize) -> *mut c_void {
-    core::arch::naked_asm!(
-        ".cfi_startproc",
-        "push rdi",
-        ".cfi_adjust_cfa_offset 8",
-        "call {alloc}",
-        "pop rdi",
-        ".cfi_adjust_cfa_offset -8",
-        "test rax, rax",
-        "jz {fail}",
-        "ret",
-        ".cfi_endproc",
-        alloc = sym new_alloc,
-        fail = sym new_fail_unaligned,
-    )
+/// Emit one throwing `operator new` entry point: try the allocation, return
+/// it, or tail-jump to the failure path (new-handler loop, then `bad_alloc`)
+/// with the arguments restored. The two shapes differ only in how many
+/// argument registers they keep across the call (and the stack alignment).
+macro_rules! throwing_new {
+    ($(#[$doc:meta])* $name:ident(size) => $alloc:ident, $fail:ident) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// Called by C++ code as `::operator new`.
+        #[unsafe(naked)]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(size: usize) -> *mut c_void {
+            core::arch::naked_asm!(
+                ".cfi_startproc",
+                "push rdi",
+                ".cfi_adjust_cfa_offset 8",
+                "call {alloc}",
+                "pop rdi",
+                ".cfi_adjust_cfa_offset -8",
+                "test rax, rax",
+                "jz {fail}",
+                "ret",
+                ".cfi_endproc",
+                alloc = sym $alloc,
+                fail = sym $fail,
+            )
+        }
+    };
+    ($(#[$doc:meta])* $name:ident(size, align) => $alloc:ident, $fail:ident) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// Called by C++ code as `::operator new`.
+        #[unsafe(naked)]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(size: usize, align: usize) -> *mut c_void {
+            core::arch::naked_asm!(
+                ".cfi_startproc",
+                "push rdi",
+                ".cfi_adjust_cfa_offset 8",
+                "push rsi",
+                ".cfi_adjust_cfa_offset 8",
+                "sub rsp, 8",
+                ".cfi_adjust_cfa_offset 8",
+                "call {alloc}",
+                "add rsp, 8",
+                ".cfi_adjust_cfa_offset -8",
+                "pop rsi",
+                ".cfi_adjust_cfa_offset -8",
+                "pop rdi",
+                ".cfi_adjust_cfa_offset -8",
+                "test rax, rax",
+                "jz {fail}",
+                "ret",
+                ".cfi_endproc",
+                alloc = sym $alloc,
+                fail = sym $fail,
+            )
+        }
+    };
 }
 
-/// `operator new[](size_t)`.
-///
-/// # Safety
-/// Called by C++ code as `::operator new[]`.
-#[unsafe(naked)]
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn _Znam(size: usize) -> *mut c_void {
-    core::arch::naked_asm!(
-        ".cfi_startproc",
-        "push rdi",
-        ".cfi_adjust_cfa_offset 8",
-        "call {alloc}",
-        "pop rdi",
-        ".cfi_adjust_cfa_offset -8",
-        "test rax, rax",
-        "jz {fail}",
-        "ret",
-        ".cfi_endproc",
-        alloc = sym new_alloc,
-        fail = sym new_fail_unaligned,
-    )
+throwing_new! {
+    /// `operator new(size_t)`.
+    _Znwm(size) => new_alloc, new_fail_unaligned
 }
-
-/// `operator new(size_t, std::align_val_t)`.
-///
-/// # Safety
-/// Called by C++ code as `::operator new`.
-#[unsafe(naked)]
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn _ZnwmSt11align_val_t(size: usize, align: usize) -> *mut c_void {
-    core::arch::naked_asm!(
-        ".cfi_startproc",
-        "push rdi",
-        ".cfi_adjust_cfa_offset 8",
-        "push rsi",
-        ".cfi_adjust_cfa_offset 8",
-        "sub rsp, 8",
-        ".cfi_adjust_cfa_offset 8",
-        "call {alloc}",
-        "add rsp, 8",
-        ".cfi_adjust_cfa_offset -8",
-        "pop rsi",
-        ".cfi_adjust_cfa_offset -8",
-        "pop rdi",
-        ".cfi_adjust_cfa_offset -8",
-        "test rax, rax",
-        "jz {fail}",
-        "ret",
-        ".cfi_endproc",
-        alloc = sym new_alloc_aligned,
-        fail = sym new_fail,
-    )
+throwing_new! {
+    /// `operator new[](size_t)`.
+    _Znam(size) => new_alloc, new_fail_unaligned
 }
-
-/// `operator new[](size_t, std::align_val_t)`.
-///
-/// # Safety
-/// Called by C++ code as `::operator new[]`.
-#[unsafe(naked)]
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn _ZnamSt11align_val_t(size: usize, align: usize) -> *mut c_void {
-    core::arch::naked_asm!(
-        ".cfi_startproc",
-        "push rdi",
-        ".cfi_adjust_cfa_offset 8",
-        "push rsi",
-        ".cfi_adjust_cfa_offset 8",
-        "sub rsp, 8",
-        ".cfi_adjust_cfa_offset 8",
-        "call {alloc}",
-        "add rsp, 8",
-        ".cfi_adjust_cfa_offset -8",
-        "pop rsi",
-        ".cfi_adjust_cfa_offset -8",
-        "pop rdi",
-        ".cfi_adjust_cfa_offset -8",
-        "test rax, rax",
-        "jz {fail}",
-        "ret",
-        ".cfi_endproc",
-        alloc = sym new_alloc_aligned,
-        fail = sym new_fail,
-    )
+throwing_new! {
+    /// `operator new(size_t, std::align_val_t)`.
+    _ZnwmSt11align_val_t(size, align) => new_alloc_aligned, new_fail
+}
+throwing_new! {
+    /// `operator new[](size_t, std::align_val_t)`.
+    _ZnamSt11align_val_t(size, align) => new_alloc_aligned, new_fail
 }
 
 /// Failure path of the unaligned forms: `new_fail(size, 0)`.
