@@ -711,15 +711,7 @@ fn ratio_bars(r: &Results, family: Family, keys: &[&str]) -> (Vec<String>, Vec<B
             }
         }
     }
-    let bars = names
-        .iter()
-        .zip(cols)
-        .map(|(n, values)| Bars {
-            name: n.clone(),
-            color: color_of(n).into(),
-            values,
-        })
-        .collect();
+    let bars = bars_of(&names, cols);
     (groups, bars)
 }
 
@@ -835,15 +827,7 @@ pub fn write_charts(r: &Results, dir: &Path) -> std::io::Result<Vec<(String, Str
                 }
             }
         }
-        let bars: Vec<Bars> = names
-            .iter()
-            .zip(cols)
-            .map(|(n, values)| Bars {
-                name: n.clone(),
-                color: color_of(n).into(),
-                values,
-            })
-            .collect();
+        let bars: Vec<Bars> = bars_of(&names, cols);
         let title = "Latency of one 64-byte malloc and one free";
         save(
             "latency.svg".into(),
@@ -878,15 +862,7 @@ pub fn write_charts(r: &Results, dir: &Path) -> std::io::Result<Vec<(String, Str
         }
     }
     if !groups.is_empty() {
-        let bars: Vec<Bars> = names
-            .iter()
-            .zip(cols)
-            .map(|(n, values)| Bars {
-                name: n.clone(),
-                color: color_of(n).into(),
-                values,
-            })
-            .collect();
+        let bars: Vec<Bars> = bars_of(&names, cols);
         let title = "Peak RSS per workload";
         save(
             "rss.svg".into(),
@@ -902,6 +878,19 @@ pub fn write_charts(r: &Results, dir: &Path) -> std::io::Result<Vec<(String, Str
         )?;
     }
     Ok(charts)
+}
+
+/// One bar series per allocator, in `names` order, from its column of values.
+fn bars_of(names: &[String], cols: Vec<Vec<Option<f64>>>) -> Vec<Bars> {
+    names
+        .iter()
+        .zip(cols)
+        .map(|(n, values)| Bars {
+            name: n.clone(),
+            color: color_of(n).into(),
+            values,
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rss.h"
+
 #define THREADS 8
 #define BLOCKS 2000
 
@@ -19,16 +21,6 @@ struct work {
     void **inbox;  /* blocks from the previous round, to free */
     void **outbox; /* blocks for the next round */
 };
-
-static size_t rss_kib(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    size_t kib = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (strncmp(line, "VmRSS:", 6) == 0) kib = strtoul(line + 6, NULL, 10);
-    if (f) fclose(f);
-    return kib;
-}
 
 static void *run(void *arg) {
     struct work *w = arg;

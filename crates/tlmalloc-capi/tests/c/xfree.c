@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rss.h"
+
 #define PRODUCERS 3
 #define CONSUMERS 3
 #define RING 4096
@@ -20,16 +22,6 @@ static pthread_cond_t not_full = PTHREAD_COND_INITIALIZER, not_empty = PTHREAD_C
 static int producers_left = PRODUCERS;
 static long per_producer;
 static volatile long consumed, bad;
-
-static size_t rss_kib(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    size_t kib = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (strncmp(line, "VmRSS:", 6) == 0) kib = strtoul(line + 6, NULL, 10);
-    if (f) fclose(f);
-    return kib;
-}
 
 static void *producer(void *arg) {
     unsigned seed = (unsigned)(uintptr_t)arg;
