@@ -47,7 +47,7 @@ fn run_with_stats_prints_a_summary_of_the_program_only() {
     assert_active(&stderr, "sqlite3");
     assert_eq!(summaries(&stderr).len(), 1, "{stderr}");
     assert!(
-        stderr.contains("mapped now:") && stderr.contains("peak:"),
+        stderr.contains("reserved bytes:") && stderr.contains("peak reserved bytes:"),
         "{stderr}"
     );
 

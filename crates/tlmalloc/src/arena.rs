@@ -88,7 +88,11 @@ pub fn segment_alloc(kind: SegmentKind) -> *mut Segment {
         (map_aligned(SEGMENT_SIZE, SEGMENT_SIZE), true)
     } else {
         // SAFETY: a cached segment keeps its header page while cached.
-        let zeroed = unsafe { (*cached).purged && (*cached).zeroed };
+        let (purged, zeroed) = unsafe { ((*cached).purged, (*cached).zeroed) };
+        if purged {
+            stats::record_recommit(SEGMENT_SIZE - OS_PAGE_SIZE);
+        }
+        let zeroed = purged && zeroed;
         (cached.cast::<u8>(), zeroed)
     };
     if base.is_null() {
@@ -113,6 +117,8 @@ pub fn segment_alloc(kind: SegmentKind) -> *mut Segment {
 pub unsafe fn segment_free(segment: *mut Segment) {
     // SAFETY: the caller guarantees the header is live until we drop it here.
     let (base, size) = unsafe { ((*segment).map_base, (*segment).map_size) };
+    // SAFETY: the caller holds the segment.
+    unsafe { crate::purge::recommit_purged(segment) };
     segment_map::set_chunk(segment.cast(), CHUNK_FOREIGN);
     stats::add_segments_in_use(-1);
     if size == SEGMENT_SIZE && base == segment.cast() {
@@ -174,7 +180,7 @@ pub fn cache_purge(now_ms: u64, delay_ms: u64, lazy: bool) {
     }
     for &segment in &release[..released] {
         // SAFETY: removed from the cache above; unused standard mappings.
-        unsafe { os::unmap(segment.cast(), SEGMENT_SIZE) };
+        unsafe { unmap_cached(segment) };
     }
 }
 
@@ -190,6 +196,20 @@ pub fn cache_flush() {
             cache.slots[cache.len]
         };
         // SAFETY: a cached segment is an unused mapping of SEGMENT_SIZE bytes.
-        unsafe { os::unmap(segment.cast(), SEGMENT_SIZE) };
+        unsafe { unmap_cached(segment) };
+    }
+}
+
+/// Unmap a segment taken out of the cache.
+///
+/// # Safety
+/// `segment` was cached and nothing refers to it any more.
+unsafe fn unmap_cached(segment: *mut Segment) {
+    // SAFETY: the header stays readable until the unmap (caller contract).
+    unsafe {
+        if (*segment).purged {
+            stats::record_recommit(SEGMENT_SIZE - OS_PAGE_SIZE);
+        }
+        os::unmap(segment.cast(), SEGMENT_SIZE);
     }
 }

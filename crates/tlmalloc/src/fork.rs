@@ -6,6 +6,13 @@
 //! 2. `heap::ABANDONED` (push or pop one segment; nests nothing)
 //! 3. `heap_pool::POOL` (nests nothing but `mmap`)
 //! 4. `arena::CACHE` (nests nothing)
+//! 5. `heap::HEAPS` (the registry of live heaps, for statistics; nests nothing)
+//!
+//! A `tlmalloc::Heap`'s own lock (its large blocks) is not taken here: a
+//! child that frees a large block of a user heap while another parent
+//! thread was freeing one of the same heap at the fork would wait forever.
+//! User heaps are single-user objects; forking while another thread uses
+//! one is the caller's race.
 //!
 //! A thread in the middle of a lock-free operation is not a problem: the
 //! child has only the forking thread, and a half-finished CAS push by a
@@ -23,11 +30,13 @@ unsafe extern "C" fn prepare() {
     heap::ABANDONED.lock_ref().acquire();
     heap_pool::POOL.acquire();
     arena::CACHE.acquire();
+    heap::HEAPS.acquire();
 }
 
 unsafe extern "C" fn parent() {
     // SAFETY: `prepare` took each lock on this thread, guard-less.
     unsafe {
+        heap::HEAPS.release();
         arena::CACHE.release();
         heap_pool::POOL.release();
         heap::ABANDONED.lock_ref().release();
@@ -38,6 +47,7 @@ unsafe extern "C" fn parent() {
 unsafe extern "C" fn child() {
     // SAFETY: the child has one thread, this one, which took every lock in `prepare`.
     unsafe {
+        heap::HEAPS.force_unlock();
         arena::CACHE.force_unlock();
         heap_pool::POOL.force_unlock();
         heap::ABANDONED.lock_ref().force_unlock();

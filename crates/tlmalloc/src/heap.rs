@@ -24,7 +24,7 @@ use crate::purge::{self, PurgePolicy};
 use crate::report;
 use crate::segment::{Segment, SegmentKind};
 use crate::size_class::{class_of, class_size, direct_class, CLASS_COUNT, FIRST_MEDIUM_CLASS};
-use crate::stats;
+use crate::stats::{self, HeapCounters, RETIRED};
 use crate::sync::{AtomicUsize, Ordering, SpinLock};
 
 /// What a heap is, which decides what its slow path does.
@@ -39,6 +39,9 @@ pub enum HeapKind {
     Thread,
     /// The process heap, used under its lock by dead threads.
     Process,
+    /// A `tlmalloc::Heap`: allocated from by one thread at a time (whoever
+    /// holds the `Heap`), freed into from any thread, destroyed whole.
+    User,
 }
 
 /// A doubly linked list of the heap's pages of one class. The first page is
@@ -91,9 +94,23 @@ pub struct ThreadHeap {
     next_purge_ms: u64,
     /// Slow-path calls left before the next clock read.
     purge_countdown: u32,
-    /// Large blocks this thread took from its local cache.
-    large_local_hits: usize,
+    /// What this heap allocated and freed (written by the owner only).
+    pub(crate) counters: HeapCounters,
+    /// Links in the registry of live heaps (`HEAPS` lock).
+    registry_next: *mut ThreadHeap,
+    registry_prev: *mut ThreadHeap,
+    /// User heaps: their large blocks, which any thread may free (so the
+    /// list has a lock; nests nothing). Linked through `Segment::next/prev`.
+    owned_large: SpinLock<LargeList>,
 }
+
+/// The large segments a user heap owns (`Segment::owner` is the heap).
+pub(crate) struct LargeList {
+    first: *mut Segment,
+}
+
+// SAFETY: the list is only reached through its heap's lock.
+unsafe impl Send for LargeList {}
 
 impl ThreadHeap {
     /// The heap pool's link (valid only while the heap is in the pool).
@@ -205,7 +222,12 @@ impl ThreadHeap {
             local_large: LocalLargeCache::new(),
             next_purge_ms: 0,
             purge_countdown: 1,
-            large_local_hits: 0,
+            counters: HeapCounters::new(),
+            registry_next: ptr::null_mut(),
+            registry_prev: ptr::null_mut(),
+            owned_large: SpinLock::new(LargeList {
+                first: ptr::null_mut(),
+            }),
         }
     }
 }
@@ -241,9 +263,11 @@ pub fn malloc(size: usize) -> *mut u8 {
         // SAFETY: `heap` is this thread's heap or a static heap; `direct`
         // entries are never null (ThreadHeap invariant).
         unsafe {
-            let page = (*heap).direct[(size + 7) >> 3];
+            let slot = (size + 7) >> 3;
+            let page = (*heap).direct[slot];
             let block = Page::pop(page);
             if !block.is_null() {
+                (*heap).counters.slot_allocs[slot].bump();
                 return block.cast();
             }
         }
@@ -265,14 +289,23 @@ fn malloc_generic(heap: *mut ThreadHeap, size: usize) -> *mut u8 {
 /// Allocate a block of class `class` from `heap`.
 #[inline]
 fn alloc_class(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
-    // SAFETY: `heap` is a valid heap; `current` entries are never null.
+    // SAFETY: `heap` is a valid heap; `current` entries are never null; a
+    // block came from a real page, so `heap` is not a static heap.
     unsafe {
         let block = Page::pop((*heap).current[class]);
         if !block.is_null() {
+            (*heap).counters.class_allocs[class].bump();
             return block.cast();
         }
     }
     alloc_slow(heap, class)
+}
+
+/// Allocate a block of `class` for the calling thread (typed pools, whose
+/// class is a constant).
+#[inline(always)]
+pub fn alloc_class_for_pool(class: usize) -> *mut u8 {
+    alloc_class(os::thread_heap(), class)
 }
 
 /// Allocate `size` bytes aligned to `align` (a power of two).
@@ -314,6 +347,13 @@ pub unsafe fn free_trusted(p: *mut u8) {
             return free_slow(segment, p);
         }
         let page = Segment::page_of(segment, p);
+        // `class < CLASS_COUNT` for every page of a small or medium segment,
+        // and a segment we own is one (large segments have no thread owner).
+        (*heap)
+            .counters
+            .class_frees
+            .get_unchecked((*page).class as usize)
+            .bump();
         if (*page).push_local(p.cast::<Block>()) {
             page_emptied(heap, page);
         }
@@ -332,7 +372,77 @@ unsafe fn free_slow(segment: *mut Segment, p: *mut u8) {
             return;
         }
         let page = Segment::page_of(segment, p);
+        count_remote_free((*page).class as usize);
         (*page).thread_free.push(p.cast());
+    }
+}
+
+/// Count a free of a `class` block owned by another heap, in the calling
+/// thread's heap (giving a thread that never allocated a heap now, so a
+/// consumer thread's frees stay off shared counters).
+#[inline]
+fn count_remote_free(class: usize) {
+    if !cfg!(feature = "stats") {
+        return;
+    }
+    let heap = thread_heap_or_init();
+    // SAFETY: `heap` is this thread's heap or a static heap (never written).
+    unsafe {
+        if (*heap).kind == HeapKind::Thread {
+            (*heap).counters.class_frees[class].bump();
+            (*heap).counters.remote_frees.bump();
+        } else {
+            RETIRED.record_free(class, true);
+        }
+    }
+}
+
+/// The calling thread's heap, set up now if the thread has none yet (the
+/// static empty heap when that fails, or after the thread's exit).
+fn thread_heap_or_init() -> *mut ThreadHeap {
+    let heap = os::thread_heap();
+    // SAFETY: the slot always points at a valid heap.
+    if unsafe { (*heap).kind } == HeapKind::Empty {
+        let new = init_thread_heap();
+        if !new.is_null() {
+            return new;
+        }
+    }
+    heap
+}
+
+/// Count a large block allocated (`alloc`) or freed, of `bytes` usable bytes.
+fn count_large(bytes: usize, alloc: bool) {
+    let heap = os::thread_heap();
+    // SAFETY: `heap` is this thread's heap or a static heap (never written).
+    unsafe {
+        if (*heap).kind == HeapKind::Thread {
+            let c = &(*heap).counters;
+            if alloc {
+                c.large_allocs.bump();
+                c.large_bytes_allocated.add(bytes);
+            } else {
+                c.large_frees.bump();
+                c.large_bytes_freed.add(bytes);
+            }
+        } else {
+            RETIRED.record_large(bytes, alloc);
+        }
+    }
+}
+
+/// A large block grew in place from `old` to `new` usable bytes.
+pub(crate) fn count_large_resize(old: usize, new: usize) {
+    let heap = os::thread_heap();
+    // SAFETY: `heap` is this thread's heap or a static heap (never written).
+    unsafe {
+        if (*heap).kind == HeapKind::Thread {
+            let c = &(*heap).counters;
+            c.large_bytes_allocated.add(new);
+            c.large_bytes_freed.add(old);
+        } else {
+            RETIRED.record_large_bytes(new, old);
+        }
     }
 }
 
@@ -375,22 +485,16 @@ pub fn large_alloc(size: usize, align: usize, zero: bool) -> *mut u8 {
     };
     let mut segment = ptr::null_mut();
     if align <= OS_PAGE_SIZE && usable <= LARGE_CACHE_SIZE_MAX {
-        let mut heap = os::thread_heap();
+        // A thread whose first allocation is large gets its heap now, so
+        // its frees have a local cache and its slow paths purge.
+        let heap = thread_heap_or_init();
         // SAFETY: `heap` is this thread's heap; only a thread heap is touched.
         unsafe {
-            if (*heap).kind == HeapKind::Empty {
-                // A thread whose first allocation is large gets its heap now,
-                // so its frees have a local cache and its slow paths purge.
-                let new = init_thread_heap();
-                if !new.is_null() {
-                    heap = new;
-                }
-            }
             if (*heap).kind == HeapKind::Thread {
                 purge::tick(heap);
                 segment = (*heap).local_large.take(usable);
                 if !segment.is_null() {
-                    (*heap).large_local_hits += 1;
+                    (*heap).counters.large_local_hits.bump_always();
                 }
             }
         }
@@ -405,6 +509,7 @@ pub fn large_alloc(size: usize, align: usize, zero: bool) -> *mut u8 {
                 if zero && !(*segment).zeroed {
                     ptr::write_bytes(p, 0, size);
                 }
+                count_large(usable, true);
                 return p;
             }
         }
@@ -419,6 +524,7 @@ pub fn large_alloc(size: usize, align: usize, zero: bool) -> *mut u8 {
         if zero && !(*segment).zeroed {
             ptr::write_bytes(p, 0, size);
         }
+        count_large((*segment).pages[0].block_size, true);
         p
     }
 }
@@ -437,6 +543,10 @@ pub unsafe fn large_free(segment: *mut Segment) {
                 large::large_block(segment),
                 "double free of a large block",
             );
+        }
+        count_large((*segment).pages[0].block_size, false);
+        if (*segment).owner() != 0 {
+            user_heap_unlink_large(segment);
         }
         if large::large_cacheable(segment) {
             let heap = os::thread_heap();
@@ -480,7 +590,12 @@ pub fn release_caches() {
 pub fn thread_large_cache() -> (usize, usize) {
     let heap = os::thread_heap();
     // SAFETY: reading this thread's heap (static heaps hold zeros).
-    unsafe { ((*heap).large_local_hits, (*heap).local_large.bytes()) }
+    unsafe {
+        (
+            (*heap).counters.large_local_hits.get(),
+            (*heap).local_large.bytes(),
+        )
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -499,18 +614,19 @@ fn alloc_slow(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
     unsafe {
         let page = (*heap).current[class];
         if !(*page).local_free.is_null() {
-            if (*heap).kind == HeapKind::Thread {
+            if (*heap).kind != HeapKind::Process {
                 // Even a loop that only ever refills this way must purge.
                 purge::tick(heap);
             }
             (*page).collect_local();
+            (*heap).counters.class_allocs[class].bump();
             return Page::pop(page).cast();
         }
     }
     // SAFETY: `heap` is this thread's heap or a static heap.
     let kind = unsafe { (*heap).kind };
     match kind {
-        HeapKind::Thread | HeapKind::Process => {}
+        HeapKind::Thread | HeapKind::Process | HeapKind::User => {}
         HeapKind::Empty => {
             let heap = init_thread_heap();
             if heap.is_null() {
@@ -528,8 +644,8 @@ fn alloc_slow(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
     unsafe {
         check_heap(heap)
     };
-    if kind == HeapKind::Thread {
-        // SAFETY: the calling thread owns `heap`, a thread heap.
+    if kind != HeapKind::Process {
+        // SAFETY: the calling thread owns `heap`, a thread or user heap.
         unsafe { purge::tick(heap) };
     }
     // SAFETY: the calling thread owns `heap` (or holds the process heap's lock).
@@ -540,6 +656,7 @@ fn alloc_slow(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
         }
         let block = Page::pop(page);
         debug_assert!(!block.is_null());
+        (*heap).counters.class_allocs[class].bump();
         block.cast()
     }
 }
@@ -630,6 +747,8 @@ unsafe fn fresh_page(heap: *mut ThreadHeap, class: usize) -> *mut Page {
         let index = (*segment)
             .claim_page()
             .expect("segments on an avail list have a free page");
+        purge::reuse_page_slot(segment, index);
+        stats::record_page(1usize << (*segment).page_shift, true);
         if (*segment).free_mask == 0 {
             segment_list_remove(heap, segment);
             segment_list_push(heap, segment, LIST_FULL);
@@ -656,6 +775,7 @@ unsafe fn release_page(heap: *mut ThreadHeap, page: *mut Page) {
         let segment = Segment::of(page.cast());
         let was_full = (*segment).free_mask == 0;
         let index = (*segment).page_index(page);
+        stats::record_page(1usize << (*segment).page_shift, false);
         if (*segment).release_page(index, 0) {
             segment_list_remove(heap, segment);
             (*segment).set_owner(0);
@@ -829,12 +949,15 @@ fn init_thread_heap() -> *mut ThreadHeap {
     os::set_thread_heap(heap);
     ensure_process_init();
     os::on_thread_start(heap);
+    registry_add(heap);
     heap
 }
 
 fn ensure_process_init() {
     match PROCESS_INIT.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => {
+            crate::options::init_process();
+            crate::exit_report::prepare();
             os::register_thread_exit(thread_exit);
             crate::fork::register();
             PROCESS_INIT.store(2, Ordering::Release);
@@ -865,6 +988,7 @@ fn thread_exit(heap: *mut ThreadHeap) {
         }
         os::set_thread_heap(&raw mut DEAD_HEAP);
         abandon_heap(heap);
+        registry_remove(heap);
         crate::heap_pool::heap_free(heap);
     }
 }
@@ -974,6 +1098,21 @@ pub fn collect() {
     release_caches();
 }
 
+/// The cheap part of `collect`: the calling thread's own heap only (remote
+/// frees collected, empty pages released), then a purge pass if one is due.
+pub fn collect_thread() {
+    let heap = os::thread_heap();
+    // SAFETY: `heap` is this thread's heap; only a thread heap is touched.
+    unsafe {
+        if (*heap).kind == HeapKind::Thread {
+            sweep_heap(heap);
+            let now = os::now_ms();
+            ThreadHeap::purge_owned(heap, now, PurgePolicy::current(), false);
+            purge::purge_shared(now, false);
+        }
+    }
+}
+
 /// Collect every page's remote and local frees and release the empty pages
 /// (the current ones too, when only their pin holds them).
 ///
@@ -997,6 +1136,287 @@ unsafe fn sweep_heap(heap: *mut ThreadHeap) {
                 page = next;
             }
         }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The registry of live heaps (for statistics)
+// ---------------------------------------------------------------------------
+
+/// Every live thread heap and user heap, linked through
+/// `ThreadHeap::registry_next/prev`.
+pub(crate) struct Registry {
+    first: *mut ThreadHeap,
+    threads: usize,
+    users: usize,
+}
+
+// SAFETY: the registry is only reached through its lock.
+unsafe impl Send for Registry {}
+
+/// Lock order: last; nests nothing (see fork.rs).
+pub(crate) static HEAPS: SpinLock<Registry> = SpinLock::new(Registry {
+    first: ptr::null_mut(),
+    threads: 0,
+    users: 0,
+});
+
+fn registry_add(heap: *mut ThreadHeap) {
+    let mut r = HEAPS.lock();
+    // SAFETY: `heap` is a new live heap, on no list; the lock makes the
+    // links ours.
+    unsafe {
+        (*heap).registry_prev = ptr::null_mut();
+        (*heap).registry_next = r.first;
+        if !r.first.is_null() {
+            (*r.first).registry_prev = heap;
+        }
+        if (*heap).kind == HeapKind::User {
+            r.users += 1;
+        } else {
+            r.threads += 1;
+        }
+    }
+    r.first = heap;
+}
+
+/// Take `heap` out of the registry, folding its counters into the retired
+/// totals under the same lock (so a concurrent `stats()` counts them once).
+///
+/// # Safety
+/// `heap` is registered and nobody will allocate from it again.
+unsafe fn registry_remove(heap: *mut ThreadHeap) {
+    let mut r = HEAPS.lock();
+    // SAFETY: registered heaps are live; the lock makes the links ours.
+    unsafe {
+        (*heap).counters.retire();
+        let (prev, next) = ((*heap).registry_prev, (*heap).registry_next);
+        if prev.is_null() {
+            r.first = next;
+        } else {
+            (*prev).registry_next = next;
+        }
+        if !next.is_null() {
+            (*next).registry_prev = prev;
+        }
+        if (*heap).kind == HeapKind::User {
+            r.users -= 1;
+        } else {
+            r.threads -= 1;
+        }
+    }
+}
+
+/// Call `f` on the counters of every live heap (and the process heap);
+/// returns how many thread heaps and user heaps are alive.
+pub(crate) fn for_each_heap_counters(mut f: impl FnMut(&HeapCounters)) -> (usize, usize) {
+    let alive = {
+        let r = HEAPS.lock();
+        let mut heap = r.first;
+        while !heap.is_null() {
+            // SAFETY: registered heaps stay live while the lock is held
+            // (removal takes it); counters may be read by any thread.
+            unsafe {
+                f(&(*heap).counters);
+                heap = (*heap).registry_next;
+            }
+        }
+        (r.threads, r.users)
+    };
+    f(&PROCESS_HEAP.lock().counters);
+    alive
+}
+
+// ---------------------------------------------------------------------------
+// User heaps (`tlmalloc::Heap`)
+// ---------------------------------------------------------------------------
+
+/// A new, empty user heap, or null when out of memory.
+pub(crate) fn user_heap_new() -> *mut ThreadHeap {
+    let heap = crate::heap_pool::heap_alloc();
+    if heap.is_null() {
+        return heap;
+    }
+    // SAFETY: a heap from the pool is unused memory of the right size.
+    unsafe { ptr::write(heap, ThreadHeap::new(HeapKind::User)) };
+    ensure_process_init();
+    registry_add(heap);
+    heap
+}
+
+/// Allocate `size` bytes aligned to `align` (a power of two) from a user
+/// heap; zeroed with `zero`. Null when out of memory.
+///
+/// # Safety
+/// `heap` is a live user heap and the calling thread its only user now.
+pub(crate) unsafe fn user_heap_alloc(
+    heap: *mut ThreadHeap,
+    size: usize,
+    align: usize,
+    zero: bool,
+) -> *mut u8 {
+    // The same class choice as `malloc_aligned`.
+    let pooled = if align <= 16 {
+        Some(size.max(align))
+    } else if align <= crate::config::POOL_ALIGN_MAX && size <= MEDIUM_SIZE_MAX {
+        Some((size.max(1) + align - 1) & !(align - 1))
+    } else {
+        None
+    };
+    if let Some(n) = pooled.filter(|&n| n <= MEDIUM_SIZE_MAX) {
+        let p = alloc_class(heap, class_of(n));
+        if zero && !p.is_null() {
+            // SAFETY: the block holds at least `size` bytes.
+            unsafe { ptr::write_bytes(p, 0, size) };
+        }
+        return p;
+    }
+    let p = large_alloc(size, align, zero);
+    if p.is_null() {
+        return p;
+    }
+    let segment = if align >= crate::config::SEGMENT_SIZE {
+        (Segment::of(p) as usize - crate::config::SEGMENT_SIZE) as *mut Segment
+    } else {
+        Segment::of(p)
+    };
+    // SAFETY: a large segment just handed to us; the list's lock orders
+    // its links against frees from other threads.
+    unsafe {
+        let mut list = (*heap).owned_large.lock();
+        (*segment).prev = ptr::null_mut();
+        (*segment).next = list.first;
+        if !list.first.is_null() {
+            (*list.first).prev = segment;
+        }
+        list.first = segment;
+        (*segment).set_owner(heap as usize);
+    }
+    p
+}
+
+/// A large block of a user heap is being freed (from any thread): take it
+/// off its heap's list.
+///
+/// # Safety
+/// `segment` is a live large segment whose owner is a live user heap.
+unsafe fn user_heap_unlink_large(segment: *mut Segment) {
+    // SAFETY: the owner is a live user heap (caller contract); its lock
+    // guards the list links.
+    unsafe {
+        let heap = (*segment).owner() as *mut ThreadHeap;
+        let mut list = (*heap).owned_large.lock();
+        let (prev, next) = ((*segment).prev, (*segment).next);
+        if prev.is_null() {
+            list.first = next;
+        } else {
+            (*prev).next = next;
+        }
+        if !next.is_null() {
+            (*next).prev = prev;
+        }
+        (*segment).next = ptr::null_mut();
+        (*segment).prev = ptr::null_mut();
+        (*segment).set_owner(0);
+    }
+}
+
+/// Free `p` through its user heap: a plain local free when the heap owns
+/// the block (no atomic), the general free otherwise.
+///
+/// # Safety
+/// `heap` is a live user heap the calling thread uses now; `p` is a live
+/// block of this allocator that does not start a block aligned to 4 MiB or
+/// more.
+pub(crate) unsafe fn user_heap_free(heap: *mut ThreadHeap, p: *mut u8) {
+    let segment = Segment::of(p);
+    // SAFETY: `p` lies in a live segment (caller contract).
+    unsafe {
+        if (*segment).owner() == heap as usize && (*segment).kind != SegmentKind::Large {
+            let page = Segment::page_of(segment, p);
+            (*heap).counters.class_frees[(*page).class as usize].bump();
+            if (*page).push_local(p.cast::<Block>()) {
+                page_emptied(heap, page);
+            }
+        } else {
+            free_trusted(p);
+        }
+    }
+}
+
+/// Return what a user heap can return now: collect frees, release empty
+/// pages, purge its free pages.
+///
+/// # Safety
+/// `heap` is a live user heap the calling thread uses now.
+pub(crate) unsafe fn user_heap_collect(heap: *mut ThreadHeap) {
+    // SAFETY: caller contract: we are the heap's only user.
+    unsafe {
+        sweep_heap(heap);
+        ThreadHeap::purge_owned(heap, os::now_ms(), PurgePolicy::current(), true);
+    }
+}
+
+/// Release every page, segment and large block of a user heap, live
+/// blocks included, and the heap itself.
+///
+/// # Safety
+/// `heap` is a live user heap the calling thread uses now; no block of it
+/// is used or freed afterwards (a thread still freeing into it races with
+/// the unmapping: that is the caller's bug).
+pub(crate) unsafe fn user_heap_destroy(heap: *mut ThreadHeap) {
+    // SAFETY: caller contract: the heap and everything it owns are ours.
+    unsafe {
+        let mut segment = {
+            let mut list = (*heap).owned_large.lock();
+            core::mem::replace(&mut list.first, ptr::null_mut())
+        };
+        while !segment.is_null() {
+            let next = (*segment).next;
+            (*heap).counters.large_frees.bump();
+            (*heap)
+                .counters
+                .large_bytes_freed
+                .add((*segment).pages[0].block_size);
+            (*segment).next = ptr::null_mut();
+            (*segment).prev = ptr::null_mut();
+            (*segment).set_owner(0);
+            large::large_release(segment);
+            segment = next;
+        }
+        // Unqueue every page first: that drops the pins, so `used` is
+        // then the page's live blocks (after collecting remote frees).
+        for class in 0..CLASS_COUNT {
+            loop {
+                let page = (*heap).queues[class].first;
+                if page.is_null() {
+                    break;
+                }
+                queue_remove(heap, page);
+            }
+        }
+        for list in 0..LIST_COUNT {
+            loop {
+                let segment = (*heap).segments[list].first;
+                if segment.is_null() {
+                    break;
+                }
+                segment_list_remove(heap, segment);
+                for index in 0..(*segment).kind.page_count() {
+                    let page = &mut (*segment).pages[index];
+                    if !page.in_use {
+                        continue;
+                    }
+                    page.collect_remote();
+                    (*heap).counters.class_frees[page.class as usize].add(page.used as usize);
+                    stats::record_page(1usize << (*segment).page_shift, false);
+                }
+                (*segment).set_owner(0);
+                arena::segment_free(segment);
+            }
+        }
+        registry_remove(heap);
+        crate::heap_pool::heap_free(heap);
     }
 }
 

@@ -201,6 +201,10 @@ pub unsafe fn large_reuse(segment: *mut Segment, usable: usize) -> *mut u8 {
     // SAFETY: the cache handed the segment to the caller alone.
     unsafe {
         debug_assert!(large_capacity(segment) >= usable);
+        if (*segment).purged {
+            stats::record_recommit(large_capacity(segment));
+            (*segment).purged = false;
+        }
         let page = &mut (*segment).pages[0];
         page.block_size = usable;
         page.used = 1;

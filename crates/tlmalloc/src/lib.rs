@@ -37,7 +37,12 @@ pub mod page;
 pub mod segment;
 
 #[cfg(not(loom))]
+mod allocator_api;
+#[cfg(not(loom))]
 mod arena;
+#[cfg(not(loom))]
+#[doc(hidden)]
+pub mod exit_report;
 #[cfg(not(loom))]
 mod fork;
 #[cfg(not(loom))]
@@ -53,6 +58,8 @@ pub mod options;
 #[cfg(not(loom))]
 mod os;
 #[cfg(not(loom))]
+mod pool;
+#[cfg(not(loom))]
 mod purge;
 #[cfg(not(loom))]
 mod report;
@@ -60,9 +67,20 @@ mod report;
 mod segment_map;
 #[cfg(not(loom))]
 pub mod stats;
+#[cfg(not(loom))]
+mod user_heap;
 
 #[cfg(not(loom))]
 pub use api::*;
+#[cfg(not(loom))]
+pub use pool::{Pool, PoolBox};
+#[cfg(not(loom))]
+pub use stats::{stats, Stats};
+#[cfg(not(loom))]
+#[doc(hidden)]
+pub use user_heap::raw as raw_heap;
+#[cfg(not(loom))]
+pub use user_heap::Heap;
 
 #[cfg(not(loom))]
 mod api {
@@ -108,6 +126,8 @@ mod api {
 
         #[inline(always)]
         unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
+            #[cfg(feature = "check")]
+            check_size("dealloc", p, layout.size(), layout.align());
             if layout.align() <= 16 {
                 // SAFETY: GlobalAlloc's contract: `p` is a live block of ours,
                 // and with this alignment it is not a 4 MiB-aligned large block.
@@ -277,25 +297,106 @@ mod api {
         // the holder of its block.
         unsafe {
             let usable = (*page).block_size;
-            // Same block while the new size fits and wastes at most half of
-            // it (small blocks, where moving would save little, always stay).
-            if new_size <= usable && (new_size >= usable / 2 || usable <= 128) {
+            if stays_in_place(usable, new_size) {
                 return p;
             }
+            // A user heap's large block is linked in its heap's list
+            // through the header, which `mremap` would move.
             if (*segment).kind == SegmentKind::Large
                 && new_size > MEDIUM_SIZE_MAX
                 && new_size > usable
+                && (*segment).owner() == 0
             {
                 let Some(wanted) = large::large_usable(new_size) else {
                     return ptr::null_mut();
                 };
                 let grown = large::large_grow(segment, wanted);
                 if !grown.is_null() {
+                    heap::count_large_resize(usable, wanted);
                     return large::large_block(grown);
                 }
             }
             ptr::null_mut()
         }
+    }
+
+    /// Whether a block of `usable` bytes serves a resize to `new_size`
+    /// as it is: while the new size fits and wastes at most half of it
+    /// (small blocks, where moving would save little, always stay). With
+    /// the `check` feature, only when the block is the one a fresh request
+    /// of `new_size` would get, so a sized free can insist on an exact match.
+    #[inline]
+    pub(crate) fn stays_in_place(usable: usize, new_size: usize) -> bool {
+        if cfg!(feature = "check") {
+            new_size <= usable && good_size(new_size) == usable
+        } else {
+            new_size <= usable && (new_size >= usable / 2 || usable <= 128)
+        }
+    }
+
+    /// The usable size a fresh request of `size` bytes aligned to `align`
+    /// gets (what `malloc_aligned(size, align)` returns a block of).
+    pub(crate) fn expected_usable(size: usize, align: usize) -> usize {
+        if align <= 16 {
+            return good_size(size.max(align));
+        }
+        if align <= crate::config::POOL_ALIGN_MAX && size <= MEDIUM_SIZE_MAX {
+            let rounded = (size.max(1) + align - 1) & !(align - 1);
+            if rounded <= MEDIUM_SIZE_MAX {
+                return class_size(class_of(rounded));
+            }
+        }
+        large::large_usable(size).unwrap_or(usize::MAX)
+    }
+
+    /// With the `check` feature: abort with a one-line report unless `p`
+    /// (a live block, or null) is a block a request of `size` bytes aligned
+    /// to `align` gets. A wrong-size free caught here is caught the first
+    /// time: the page knows its block size.
+    #[cfg(feature = "check")]
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn check_size(function: &str, p: *mut u8, size: usize, align: usize) {
+        if p.is_null() {
+            return;
+        }
+        let (_, page) = locate(p, function);
+        // SAFETY: `page` describes the live block `p` (caller's contract).
+        let usable = unsafe { (*page).block_size };
+        if size > usable || expected_usable(size, align) != usable {
+            report::wrong_size(function, p, size, align, usable);
+        }
+    }
+
+    /// Free a block of `size` bytes (the size it was requested with, or
+    /// last resized to; C23 `free_sized`). With the `check` feature, a size
+    /// that does not match the block is reported and the process aborts.
+    ///
+    /// # Safety
+    /// As [`free`].
+    #[inline]
+    pub unsafe fn free_sized(p: *mut u8, size: usize) {
+        #[cfg(feature = "check")]
+        check_size("free_sized", p, size, 1);
+        #[cfg(not(feature = "check"))]
+        let _ = size;
+        // SAFETY: forwarded caller contract.
+        unsafe { free(p) }
+    }
+
+    /// Free a block of `size` bytes allocated with alignment `align` (C23
+    /// `free_aligned_sized`); checked like [`free_sized`].
+    ///
+    /// # Safety
+    /// As [`free`].
+    #[inline]
+    pub unsafe fn free_aligned_sized(p: *mut u8, align: usize, size: usize) {
+        #[cfg(feature = "check")]
+        check_size("free_aligned_sized", p, size, align);
+        #[cfg(not(feature = "check"))]
+        let _ = (size, align);
+        // SAFETY: forwarded caller contract.
+        unsafe { free(p) }
     }
 
     /// Resize a block (C `realloc` semantics except for size 0, which the C
@@ -344,6 +445,17 @@ mod api {
     /// ones) and unmap the segment cache.
     pub fn collect() {
         heap::collect();
+    }
+
+    /// [`collect`] with `force`; without it, only what is cheap and this
+    /// thread's own: collect its remote frees, release its empty pages and
+    /// purge what is due (`tl_collect(false)`).
+    pub fn collect_with(force: bool) {
+        if force {
+            heap::collect();
+        } else {
+            heap::collect_thread();
+        }
     }
 
     /// Which heap serves the calling thread (a thread that has not allocated

@@ -1,48 +1,167 @@
-//! Runtime options: declared once (name, default, unit, doc), read from
-//! `TLMALLOC_*` environment variables at first use without allocating, and
-//! settable through [`set`].
+//! Runtime options: each declared once in the `options!` table below (name,
+//! default, unit, parser, one-line doc), read from its `TLMALLOC_*`
+//! environment variable at first use without allocating, and settable
+//! through [`set`], [`set_by_name`] or, from C, `tl_option_set`.
 //!
-//! | variable | default | meaning |
-//! |---|---|---|
-//! | `TLMALLOC_PURGE_DELAY_MS` | 1000 | ms a free page, empty segment or cached large block stays resident before it is purged; 0 purges at the next check |
-//! | `TLMALLOC_PURGE_MODE` | `dontneed` | `dontneed` (`MADV_DONTNEED`: RSS drops at once, pages read back zero) or `free` (`MADV_FREE`: the kernel reclaims lazily) |
-//! | `TLMALLOC_LARGE_CACHE_MAX` | 512 MiB | bytes of freed large blocks kept for reuse (shared level; each thread keeps at most a quarter of it, and at most 8 blocks) |
-//! | `TLMALLOC_MAX_RESERVED` | 0 (none) | cap on bytes mapped from the OS; a request beyond it gets null |
-//! | `TLMALLOC_THP` | `system` | transparent huge pages: `system`, `always` (`MADV_HUGEPAGE` on segments and large blocks) or `never` (`MADV_NOHUGEPAGE`) |
+//! | variable | default | unit | meaning |
+//! |---|---|---|---|
+//! | `TLMALLOC_PURGE_DELAY_MS` | 1000 | ms | how long a free page, empty segment or cached large block stays resident before it is purged (cached blocks are unmapped after 8× this); 0 purges at the next check |
+//! | `TLMALLOC_PURGE_MODE` | `dontneed` | word | `dontneed` (`MADV_DONTNEED`: RSS drops at once, pages read back zero) or `free` (`MADV_FREE`: the kernel reclaims lazily) |
+//! | `TLMALLOC_LARGE_CACHE_MAX` | `512m` | bytes | bytes of freed large blocks kept for reuse (shared level; each thread keeps at most a quarter of it, in 8 slots) |
+//! | `TLMALLOC_MAX_RESERVED` | 0 (none) | bytes | cap on bytes mapped from the OS; a request beyond it gets null |
+//! | `TLMALLOC_THP` | `system` | word | transparent huge pages: `system`, `always` (`MADV_HUGEPAGE` on segments and large blocks) or `never` (`MADV_NOHUGEPAGE`) |
+//! | `TLMALLOC_SHOW_STATS` | `off` | word | print the statistics summary at exit: `1`/`all` in every process, `pid:N` (or a bare `N` ≥ 2) only in process N, `0` in none |
+//! | `TLMALLOC_STATS_JSON` | (none) | path | file the statistics are written to as JSON at exit (at most 255 bytes) |
+//! | `TLMALLOC_VERBOSE` | `off` | bool | at start-up, print every option with its value and where it came from |
 //!
-//! Sizes accept a `k`, `m` or `g` suffix (powers of 1024). A bad value
-//! prints one warning line and keeps the default.
+//! Sizes accept a `k`, `m` or `g` suffix (powers of 1024); booleans accept
+//! `0`/`1`, `no`/`yes`, `false`/`true`, `off`/`on`. A bad value prints one
+//! warning line and keeps the default; so does an unknown `TLMALLOC_*`
+//! variable (checked once, at the process's first allocation). Nothing
+//! here allocates.
+//!
+//! Every option is a `usize`. `TLMALLOC_STATS_JSON` holds a path, which
+//! lives in a fixed buffer (read it with [`stats_json_path`]); its `usize`
+//! is the path's length (0: none).
+
+use core::ffi::CStr;
+use core::fmt;
 
 use crate::os;
-use crate::sync::{AtomicUsize, Ordering};
+use crate::sync::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+
+/// Every variable name starts with this.
+pub const PREFIX: &str = "TLMALLOC_";
+
+/// Variables with our prefix that our own tools read (the launcher's
+/// `TLMALLOC_LIB`, the C tests' `TLMALLOC_TEST_LIB`): not unknown options.
+const NOT_OPTIONS: [&[u8]; 2] = [b"TLMALLOC_LIB", b"TLMALLOC_TEST_LIB"];
 
 macro_rules! options {
-    ($( $(#[$doc:meta])* $variant:ident = ($env:literal, $default:expr, $parse:ident) ),* $(,)?) => {
-        /// A runtime option.
+    ($(
+        $variant:ident {
+            env: $env:literal,
+            default: $default:expr,
+            unit: $unit:literal,
+            parse: $parse:ident,
+            show: $show:ident,
+            doc: $doc:literal $(,)?
+        }
+    ),* $(,)?) => {
+        /// A runtime option (its doc is the one-line description that
+        /// [`describe`] and `TLMALLOC_VERBOSE` print).
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         #[repr(usize)]
         pub enum Opt {
-            $( $(#[$doc])* $variant, )*
+            $( #[doc = $doc] $variant, )*
+        }
+
+        impl Opt {
+            /// Every option, in table order.
+            pub const ALL: [Opt; COUNT] = [$( Opt::$variant ),*];
         }
 
         const COUNT: usize = [$( Opt::$variant ),*].len();
-        const NAMES: [&[u8]; COUNT] = [$( concat!($env, "\0").as_bytes() ),*];
+        const ENV_NAMES: [&str; COUNT] = [$( $env ),*];
+        /// The names, NUL-terminated, for `getenv`.
+        const ENV_NAMES_Z: [&[u8]; COUNT] = [$( concat!($env, "\0").as_bytes() ),*];
         const DEFAULTS: [usize; COUNT] = [$( $default ),*];
+        const UNITS: [&str; COUNT] = [$( $unit ),*];
+        const DOCS: [&str; COUNT] = [$( $doc ),*];
         const PARSERS: [fn(&[u8]) -> Option<usize>; COUNT] = [$( $parse ),*];
+        const SHOWS: [fn(usize, &mut ValueText); COUNT] = [$( $show ),*];
     };
 }
 
 options! {
-    /// Milliseconds before free memory is purged.
-    PurgeDelayMs = ("TLMALLOC_PURGE_DELAY_MS", 1000, parse_size),
-    /// 0: `MADV_DONTNEED`, 1: `MADV_FREE`.
-    PurgeMode = ("TLMALLOC_PURGE_MODE", PURGE_DONTNEED, parse_purge_mode),
-    /// Bytes of the shared large-block cache.
-    LargeCacheMax = ("TLMALLOC_LARGE_CACHE_MAX", 512 << 20, parse_size),
-    /// Cap on reserved bytes (0: none).
-    MaxReserved = ("TLMALLOC_MAX_RESERVED", 0, parse_size),
-    /// 0: system, 1: always, 2: never.
-    Thp = ("TLMALLOC_THP", THP_SYSTEM, parse_thp),
+    PurgeDelayMs {
+        env: "TLMALLOC_PURGE_DELAY_MS",
+        default: 1000,
+        unit: "ms",
+        parse: parse_size,
+        show: show_number,
+        doc: "how long a free page, empty segment or cached large block stays resident before it is purged (cached blocks are unmapped after 8x this); 0 purges at the next check",
+    },
+    PurgeMode {
+        env: "TLMALLOC_PURGE_MODE",
+        default: PURGE_DONTNEED,
+        unit: "word",
+        parse: parse_purge_mode,
+        show: show_purge_mode,
+        doc: "`dontneed` (MADV_DONTNEED: RSS drops at once) or `free` (MADV_FREE: the kernel reclaims lazily)",
+    },
+    LargeCacheMax {
+        env: "TLMALLOC_LARGE_CACHE_MAX",
+        default: 512 << 20,
+        unit: "bytes",
+        parse: parse_size,
+        show: show_size,
+        doc: "bytes of freed large blocks kept for reuse (shared level; each thread keeps at most a quarter of it, in 8 slots)",
+    },
+    MaxReserved {
+        env: "TLMALLOC_MAX_RESERVED",
+        default: 0,
+        unit: "bytes",
+        parse: parse_size,
+        show: show_size,
+        doc: "cap on bytes mapped from the OS (0: none); a request beyond it gets null after the caches are flushed",
+    },
+    Thp {
+        env: "TLMALLOC_THP",
+        default: THP_SYSTEM,
+        unit: "word",
+        parse: parse_thp,
+        show: show_thp,
+        doc: "transparent huge pages: `system`, `always` (MADV_HUGEPAGE) or `never` (MADV_NOHUGEPAGE)",
+    },
+    ShowStats {
+        env: "TLMALLOC_SHOW_STATS",
+        default: SHOW_STATS_OFF,
+        unit: "word",
+        parse: parse_show_stats,
+        show: show_show_stats,
+        doc: "print the statistics summary at exit: `1`/`all` in every process, `pid:N` only in process N (`tlmalloc run --stats`), `0` in none",
+    },
+    StatsJson {
+        env: "TLMALLOC_STATS_JSON",
+        default: 0,
+        unit: "path",
+        parse: parse_path,
+        show: show_path,
+        doc: "file the statistics are written to as a JSON document at exit (empty: none; at most 255 bytes)",
+    },
+    Verbose {
+        env: "TLMALLOC_VERBOSE",
+        default: 0,
+        unit: "bool",
+        parse: parse_bool,
+        show: show_bool,
+        doc: "at start-up, print every option with its value and where it came from on stderr",
+    },
+}
+
+const _: () = {
+    let mut i = 0;
+    while i < COUNT {
+        assert!(has_prefix(ENV_NAMES[i].as_bytes()));
+        assert!(ENV_NAMES[i].len() < 64);
+        i += 1;
+    }
+};
+
+const fn has_prefix(name: &[u8]) -> bool {
+    let prefix = PREFIX.as_bytes();
+    if name.len() <= prefix.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < prefix.len() {
+        if name[i] != prefix[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }
 
 /// `PurgeMode` value: `MADV_DONTNEED`.
@@ -55,62 +174,464 @@ pub const THP_SYSTEM: usize = 0;
 pub const THP_ALWAYS: usize = 1;
 /// `Thp` value: advise against huge pages.
 pub const THP_NEVER: usize = 2;
+/// `ShowStats` value: no process prints.
+pub const SHOW_STATS_OFF: usize = 0;
+/// `ShowStats` value: every process prints.
+pub const SHOW_STATS_ALL: usize = 1;
+/// `ShowStats` values from this one up name the one process that prints:
+/// `SHOW_STATS_PID + pid` (so `pid:1` means process 1, not "all").
+pub const SHOW_STATS_PID: usize = 1 << 32;
+/// Size of the `TLMALLOC_STATS_JSON` buffer, NUL included: paths are at
+/// most `STATS_JSON_PATH_MAX - 1` bytes.
+pub const STATS_JSON_PATH_MAX: usize = 256;
 
-/// Current values; `usize::MAX` marks "not read from the environment yet".
-static VALUES: [AtomicUsize; COUNT] = [const { AtomicUsize::new(usize::MAX) }; COUNT];
+/// Marks "not read from the environment yet" in [`VALUES`].
+const UNSET: usize = usize::MAX;
+
+/// Current values.
+static VALUES: [AtomicUsize; COUNT] = [const { AtomicUsize::new(UNSET) }; COUNT];
+/// Where each current value came from (a [`Source`] as `u8`).
+static SOURCES: [AtomicU8; COUNT] = [const { AtomicU8::new(Source::Default as u8) }; COUNT];
+
+/// Where an option's current value came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Source {
+    /// The table's default (also after a bad value).
+    Default,
+    /// Its `TLMALLOC_*` environment variable.
+    Environment,
+    /// [`set`], [`set_by_name`] or `tl_option_set`.
+    Set,
+}
+
+impl Source {
+    /// `default`, `environment` or `set`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Source::Default => "default",
+            Source::Environment => "environment",
+            Source::Set => "set",
+        }
+    }
+
+    fn from_u8(v: u8) -> Source {
+        match v {
+            1 => Source::Environment,
+            2 => Source::Set,
+            _ => Source::Default,
+        }
+    }
+}
+
+impl Opt {
+    /// The environment variable, e.g. `TLMALLOC_PURGE_DELAY_MS`.
+    pub const fn env_name(self) -> &'static str {
+        ENV_NAMES[self as usize]
+    }
+
+    /// The unit: `ms`, `bytes`, `word`, `bool` or `path`.
+    pub const fn unit(self) -> &'static str {
+        UNITS[self as usize]
+    }
+
+    /// The one-line description.
+    pub const fn doc(self) -> &'static str {
+        DOCS[self as usize]
+    }
+
+    /// The default value.
+    pub const fn default_value(self) -> usize {
+        DEFAULTS[self as usize]
+    }
+
+    /// The option called `name`: its variable (`TLMALLOC_PURGE_DELAY_MS`)
+    /// or the short form, without the prefix and in lower case
+    /// (`purge_delay_ms`).
+    pub fn from_name(name: &[u8]) -> Option<Opt> {
+        Opt::ALL
+            .into_iter()
+            .find(|o| name_matches(o.env_name().as_bytes(), name))
+    }
+}
+
+fn name_matches(env: &[u8], name: &[u8]) -> bool {
+    if name == env {
+        return true;
+    }
+    let short = env.get(PREFIX.len()..).unwrap_or(&[]);
+    name.len() == short.len()
+        && name
+            .iter()
+            .zip(short)
+            .all(|(&n, &e)| n == e.to_ascii_lowercase())
+}
 
 /// The value of `opt` (reads its environment variable on first use).
 #[inline]
 pub fn get(opt: Opt) -> usize {
     let v = VALUES[opt as usize].load(Ordering::Relaxed);
-    if v != usize::MAX {
+    if v != UNSET {
         return v;
     }
     load(opt)
 }
 
+/// Where the current value of `opt` came from.
+pub fn source(opt: Opt) -> Source {
+    get(opt);
+    Source::from_u8(SOURCES[opt as usize].load(Ordering::Relaxed))
+}
+
 /// Set `opt` for the rest of the process (overrides the environment).
 /// `usize::MAX` is reserved and clamped to `usize::MAX - 1`.
+///
+/// [`Opt::StatsJson`] holds a path: `set(Opt::StatsJson, 0)` clears it and
+/// other values are ignored; set a path with [`set_by_name`].
 pub fn set(opt: Opt, value: usize) {
-    VALUES[opt as usize].store(value.min(usize::MAX - 1), Ordering::Relaxed);
+    if opt == Opt::StatsJson {
+        if value == 0 {
+            store_path(b"");
+        }
+        return;
+    }
+    let i = opt as usize;
+    VALUES[i].store(value.min(UNSET - 1), Ordering::Relaxed);
+    SOURCES[i].store(Source::Set as u8, Ordering::Relaxed);
+}
+
+/// Why [`set_by_name`] refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OptionError {
+    /// No option has that name.
+    UnknownName,
+    /// The option's parser rejected the value.
+    BadValue,
+}
+
+/// Set the option called `name` (its variable or the short lower-case
+/// form, as in [`Opt::from_name`]) from `value`, parsed as its environment
+/// variable would be.
+pub fn set_by_name(name: &[u8], value: &[u8]) -> Result<(), OptionError> {
+    let opt = Opt::from_name(name).ok_or(OptionError::UnknownName)?;
+    let parsed = match PARSERS[opt as usize](value) {
+        Some(v) if v != UNSET => v,
+        _ => return Err(OptionError::BadValue),
+    };
+    if opt == Opt::StatsJson {
+        store_path(value);
+    } else {
+        set(opt, parsed);
+    }
+    Ok(())
+}
+
+/// The value of the option called `name` (as in [`Opt::from_name`]).
+pub fn get_by_name(name: &[u8]) -> Option<usize> {
+    Opt::from_name(name).map(get)
+}
+
+/// Whether this process should print the statistics at exit
+/// (`TLMALLOC_SHOW_STATS`).
+pub fn show_stats_here() -> bool {
+    match get(Opt::ShowStats) {
+        SHOW_STATS_OFF => false,
+        SHOW_STATS_ALL => true,
+        v => v.checked_sub(SHOW_STATS_PID) == Some(os::getpid() as usize),
+    }
+}
+
+/// The `TLMALLOC_STATS_JSON` path, copied into `buf` (the path may change
+/// while the process runs, so it is not lent out); `None` when there is none.
+pub fn stats_json_path(buf: &mut [u8; STATS_JSON_PATH_MAX]) -> Option<&CStr> {
+    if get(Opt::StatsJson) == 0 {
+        return None;
+    }
+    let len = PATH.read(buf)?;
+    if len == 0 {
+        return None;
+    }
+    CStr::from_bytes_until_nul(&buf[..]).ok()
 }
 
 #[cold]
 #[inline(never)]
 fn load(opt: Opt) -> usize {
     let i = opt as usize;
-    let value = match os::getenv(NAMES[i]) {
-        None => DEFAULTS[i],
-        Some(text) => match PARSERS[i](text) {
-            Some(v) if v != usize::MAX => v,
-            _ => {
-                let name = &NAMES[i][..NAMES[i].len() - 1];
-                warn_bad_value(name, text);
-                DEFAULTS[i]
-            }
+    let text = os::getenv(ENV_NAMES_Z[i]);
+    let (value, from, bad) = match text {
+        None => (DEFAULTS[i], Source::Default, false),
+        Some(t) => match PARSERS[i](t) {
+            Some(v) if v != UNSET => (v, Source::Environment, false),
+            _ => (DEFAULTS[i], Source::Default, true),
         },
     };
-    // Several threads may race here; they all compute the same value.
-    VALUES[i].store(value, Ordering::Relaxed);
-    value
+    // The path is copied under its writer lock, so that nobody reads the
+    // buffer between the value's publication and the copy.
+    let writer = (opt == Opt::StatsJson).then(|| PATH.write());
+    // Several threads may race here: the first publishes (and warns), a
+    // value `set` meanwhile wins over the environment.
+    match VALUES[i].compare_exchange(UNSET, value, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {
+            if let (Some(w), Some(t), Source::Environment) = (&writer, text, from) {
+                w.store(t);
+            }
+            SOURCES[i].store(from as u8, Ordering::Relaxed);
+            drop(writer);
+            if let Some(t) = text.filter(|_| bad) {
+                warn_bad_value(ENV_NAMES[i].as_bytes(), t);
+            }
+            value
+        }
+        Err(current) => current,
+    }
 }
 
 fn warn_bad_value(name: &[u8], text: &[u8]) {
-    os::write_stderr(b"tlmalloc: warning: ignoring ");
-    os::write_stderr(name);
-    os::write_stderr(b"=");
-    os::write_stderr(&text[..text.len().min(64)]);
-    os::write_stderr(b" (bad value); using the default\n");
+    let mut line = Buf::<192>::new();
+    line.push(b"tlmalloc: warning: ignoring ");
+    line.push(name);
+    line.push(b"=");
+    line.push(&text[..text.len().min(64)]);
+    line.push(b" (bad value); using the default\n");
+    os::write_stderr(line.as_bytes());
 }
 
-/// A decimal number with an optional `k`/`m`/`g` suffix (×1024ⁿ).
-fn parse_size(text: &[u8]) -> Option<usize> {
-    let (digits, shift) = match text.last()? {
-        b'k' | b'K' => (&text[..text.len() - 1], 10),
-        b'm' | b'M' => (&text[..text.len() - 1], 20),
-        b'g' | b'G' => (&text[..text.len() - 1], 30),
-        _ => (text, 0),
-    };
+/// Once per process, at its first allocation: read every option (so a bad
+/// value is reported at start even if nothing reads that option later),
+/// report unknown `TLMALLOC_*` variables, and print the options when
+/// `TLMALLOC_VERBOSE` is on. Later calls do nothing.
+pub(crate) fn init_process() {
+    static DONE: AtomicBool = AtomicBool::new(false);
+    if DONE.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    for opt in Opt::ALL {
+        get(opt);
+    }
+    os::for_each_env(|entry| {
+        let name = entry.split(|&b| b == b'=').next().unwrap_or(entry);
+        if is_unknown(name) {
+            let mut line = Buf::<192>::new();
+            line.push(b"tlmalloc: warning: unknown option ");
+            line.push(&name[..name.len().min(128)]);
+            line.push(b" (ignored)\n");
+            os::write_stderr(line.as_bytes());
+        }
+    });
+    if get(Opt::Verbose) != 0 {
+        print_options();
+    }
+}
+
+/// Whether `name` (of an environment entry) has our prefix but is neither
+/// an option nor a variable of our tools.
+fn is_unknown(name: &[u8]) -> bool {
+    name.starts_with(PREFIX.as_bytes())
+        && !ENV_NAMES.iter().any(|e| e.as_bytes() == name)
+        && !NOT_OPTIONS.contains(&name)
+}
+
+/// One line per option on stderr:
+/// `tlmalloc: option TLMALLOC_X = <value> (<source>)`.
+fn print_options() {
+    for info in describe() {
+        let mut line = Buf::<{ VALUE_TEXT_MAX + 128 }>::new();
+        line.push(b"tlmalloc: option ");
+        line.push(info.name.as_bytes());
+        line.push(b" = ");
+        line.push(info.value.as_bytes());
+        line.push(b" (");
+        line.push(info.source.as_str().as_bytes());
+        line.push(b")\n");
+        os::write_stderr(line.as_bytes());
+    }
+}
+
+/// An option's description, for tools ([`describe`]).
+#[derive(Clone, Copy, Debug)]
+pub struct OptionInfo {
+    /// The option.
+    pub opt: Opt,
+    /// Its environment variable, e.g. `TLMALLOC_PURGE_DELAY_MS`.
+    pub name: &'static str,
+    /// `ms`, `bytes`, `word`, `bool` or `path`.
+    pub unit: &'static str,
+    /// One line of description.
+    pub doc: &'static str,
+    /// The default, as text its parser accepts (shown as `""` for no path).
+    pub default: ValueText,
+    /// The current value, as text.
+    pub value: ValueText,
+    /// The current value as stored (for a path: its length).
+    pub raw: usize,
+    /// Where the current value came from.
+    pub source: Source,
+}
+
+impl Opt {
+    /// This option's description and current value.
+    pub fn info(self) -> OptionInfo {
+        let i = self as usize;
+        let raw = get(self);
+        OptionInfo {
+            opt: self,
+            name: ENV_NAMES[i],
+            unit: UNITS[i],
+            doc: DOCS[i],
+            default: ValueText::of(self, DEFAULTS[i]),
+            value: ValueText::of(self, raw),
+            raw,
+            source: source(self),
+        }
+    }
+}
+
+/// Every option, with its current value, in table order.
+pub fn describe() -> impl Iterator<Item = OptionInfo> {
+    Opt::ALL.into_iter().map(Opt::info)
+}
+
+// ---------------------------------------------------------------------------
+// Text without allocating
+// ---------------------------------------------------------------------------
+
+/// Room for any option's value as text.
+const VALUE_TEXT_MAX: usize = STATS_JSON_PATH_MAX + 8;
+
+/// A fixed buffer that drops what does not fit.
+#[derive(Clone, Copy)]
+struct Buf<const N: usize> {
+    bytes: [u8; N],
+    len: usize,
+}
+
+impl<const N: usize> Buf<N> {
+    const fn new() -> Self {
+        Buf {
+            bytes: [0; N],
+            len: 0,
+        }
+    }
+
+    fn push(&mut self, s: &[u8]) {
+        for &b in s {
+            if let Some(slot) = self.bytes.get_mut(self.len) {
+                *slot = b;
+                self.len += 1;
+            }
+        }
+    }
+
+    fn push_decimal(&mut self, n: usize) {
+        let mut digits = [0u8; 20];
+        self.push(crate::report::decimal(n, &mut digits));
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// An option's value as text (what its parser accepts), without allocating.
+#[derive(Clone, Copy)]
+pub struct ValueText(Buf<VALUE_TEXT_MAX>);
+
+impl ValueText {
+    fn of(opt: Opt, value: usize) -> ValueText {
+        let mut text = ValueText(Buf::new());
+        SHOWS[opt as usize](value, &mut text);
+        text
+    }
+
+    /// The text's bytes (a path may not be UTF-8).
+    pub fn as_bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+impl fmt::Display for ValueText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for chunk in self.as_bytes().utf8_chunks() {
+            f.write_str(chunk.valid())?;
+            if !chunk.invalid().is_empty() {
+                f.write_str("\u{FFFD}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for ValueText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "\"{self}\"")
+    }
+}
+
+fn show_number(v: usize, out: &mut ValueText) {
+    out.0.push_decimal(v);
+}
+
+/// A size, with the largest suffix that divides it exactly.
+fn show_size(v: usize, out: &mut ValueText) {
+    for (shift, suffix) in [(30, b"g"), (20, b"m"), (10, b"k")] {
+        if v != 0 && v % (1usize << shift) == 0 {
+            out.0.push_decimal(v >> shift);
+            out.0.push(suffix);
+            return;
+        }
+    }
+    out.0.push_decimal(v);
+}
+
+fn show_purge_mode(v: usize, out: &mut ValueText) {
+    match v {
+        PURGE_DONTNEED => out.0.push(b"dontneed"),
+        PURGE_FREE => out.0.push(b"free"),
+        _ => out.0.push_decimal(v),
+    }
+}
+
+fn show_thp(v: usize, out: &mut ValueText) {
+    match v {
+        THP_SYSTEM => out.0.push(b"system"),
+        THP_ALWAYS => out.0.push(b"always"),
+        THP_NEVER => out.0.push(b"never"),
+        _ => out.0.push_decimal(v),
+    }
+}
+
+fn show_bool(v: usize, out: &mut ValueText) {
+    out.0.push(if v != 0 { b"on" } else { b"off" });
+}
+
+fn show_show_stats(v: usize, out: &mut ValueText) {
+    match v {
+        SHOW_STATS_OFF => out.0.push(b"off"),
+        SHOW_STATS_ALL => out.0.push(b"all"),
+        v => {
+            out.0.push(b"pid:");
+            out.0.push_decimal(v.saturating_sub(SHOW_STATS_PID));
+        }
+    }
+}
+
+/// The current path (the value is only its length), `""` when none.
+fn show_path(v: usize, out: &mut ValueText) {
+    let mut buf = [0u8; STATS_JSON_PATH_MAX];
+    let len = if v == 0 { None } else { PATH.read(&mut buf) };
+    match len {
+        Some(n) if n > 0 => out.0.push(&buf[..n]),
+        _ => out.0.push(b"\"\""),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Parsers
+// ---------------------------------------------------------------------------
+
+/// Decimal digits only, no sign, no overflow.
+fn parse_decimal(digits: &[u8]) -> Option<usize> {
     if digits.is_empty() {
         return None;
     }
@@ -121,7 +642,18 @@ fn parse_size(text: &[u8]) -> Option<usize> {
         }
         n = n.checked_mul(10)?.checked_add((d - b'0') as usize)?;
     }
-    n.checked_mul(1usize << shift)
+    Some(n)
+}
+
+/// A decimal number with an optional `k`/`m`/`g` suffix (×1024ⁿ).
+fn parse_size(text: &[u8]) -> Option<usize> {
+    let (digits, shift) = match text.last()? {
+        b'k' | b'K' => (&text[..text.len() - 1], 10),
+        b'm' | b'M' => (&text[..text.len() - 1], 20),
+        b'g' | b'G' => (&text[..text.len() - 1], 30),
+        _ => (text, 0),
+    };
+    parse_decimal(digits)?.checked_mul(1usize << shift)
 }
 
 fn parse_purge_mode(text: &[u8]) -> Option<usize> {
@@ -138,6 +670,162 @@ fn parse_thp(text: &[u8]) -> Option<usize> {
         b"always" => Some(THP_ALWAYS),
         b"never" => Some(THP_NEVER),
         _ => None,
+    }
+}
+
+/// `0`/`1`, `no`/`yes`, `false`/`true`, `off`/`on` (any case).
+fn parse_bool(text: &[u8]) -> Option<usize> {
+    const OFF: [&[u8]; 4] = [b"0", b"no", b"false", b"off"];
+    const ON: [&[u8]; 4] = [b"1", b"yes", b"true", b"on"];
+    if OFF.iter().any(|w| w.eq_ignore_ascii_case(text)) {
+        Some(0)
+    } else if ON.iter().any(|w| w.eq_ignore_ascii_case(text)) {
+        Some(1)
+    } else {
+        None
+    }
+}
+
+/// `TLMALLOC_SHOW_STATS`: empty or a false boolean → off; `all` or a true
+/// boolean → every process; `pid:N` or a bare `N` (≥ 2) → process N
+/// (`pid:0` → every process, as before).
+fn parse_show_stats(text: &[u8]) -> Option<usize> {
+    const PID_MAX: usize = i32::MAX as usize;
+    if let Some(digits) = text.strip_prefix(b"pid:") {
+        return match parse_decimal(digits)? {
+            0 => Some(SHOW_STATS_ALL),
+            pid if pid <= PID_MAX => Some(SHOW_STATS_PID + pid),
+            _ => None,
+        };
+    }
+    if text.is_empty() {
+        return Some(SHOW_STATS_OFF);
+    }
+    if text.eq_ignore_ascii_case(b"all") {
+        return Some(SHOW_STATS_ALL);
+    }
+    if let Some(on) = parse_bool(text) {
+        return Some(if on != 0 {
+            SHOW_STATS_ALL
+        } else {
+            SHOW_STATS_OFF
+        });
+    }
+    parse_decimal(text)
+        .filter(|&pid| pid <= PID_MAX)
+        .map(|pid| SHOW_STATS_PID + pid)
+}
+
+/// A path: its length (0: none); no NUL, at most `STATS_JSON_PATH_MAX - 1` bytes.
+fn parse_path(text: &[u8]) -> Option<usize> {
+    (text.len() < STATS_JSON_PATH_MAX && !text.contains(&0)).then_some(text.len())
+}
+
+// ---------------------------------------------------------------------------
+// The path buffer
+// ---------------------------------------------------------------------------
+
+/// Set the `TLMALLOC_STATS_JSON` path (already checked by `parse_path`).
+fn store_path(text: &[u8]) {
+    let i = Opt::StatsJson as usize;
+    let writer = PATH.write();
+    writer.store(text);
+    VALUES[i].store(text.len(), Ordering::Relaxed);
+    SOURCES[i].store(Source::Set as u8, Ordering::Relaxed);
+}
+
+static PATH: PathSlot = PathSlot {
+    version: AtomicUsize::new(0),
+    len: AtomicUsize::new(0),
+    bytes: [const { AtomicU8::new(0) }; STATS_JSON_PATH_MAX],
+};
+
+/// A sequence lock over a path: writers take `version` odd while they
+/// copy; readers copy and retry if `version` moved. All bytes are atomics,
+/// so a torn read is only ever retried, never undefined.
+struct PathSlot {
+    version: AtomicUsize,
+    len: AtomicUsize,
+    bytes: [AtomicU8; STATS_JSON_PATH_MAX],
+}
+
+/// Holds `PathSlot::version` odd; dropping it publishes the new path.
+struct PathWriter<'a> {
+    slot: &'a PathSlot,
+    version: usize,
+}
+
+impl PathSlot {
+    fn write(&self) -> PathWriter<'_> {
+        let mut round = 0u32;
+        loop {
+            let v = self.version.load(Ordering::Relaxed);
+            if v & 1 == 0
+                && self
+                    .version
+                    .compare_exchange_weak(v, v + 1, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return PathWriter {
+                    slot: self,
+                    version: v + 1,
+                };
+            }
+            round = round.saturating_add(1);
+            if round > 64 {
+                os::yield_now();
+            } else {
+                core::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Copy the path and its NUL into `out`; its length, or `None` if
+    /// writers kept it busy (only a fork child of a thread that was
+    /// writing could see that).
+    fn read(&self, out: &mut [u8; STATS_JSON_PATH_MAX]) -> Option<usize> {
+        for round in 0..1000u32 {
+            let v = self.version.load(Ordering::Acquire);
+            if v & 1 == 0 {
+                let len = self
+                    .len
+                    .load(Ordering::Acquire)
+                    .min(STATS_JSON_PATH_MAX - 1);
+                // Acquire loads: a byte of a later write makes the version
+                // check below see that write's odd version.
+                for (o, b) in out.iter_mut().zip(&self.bytes).take(len) {
+                    *o = b.load(Ordering::Acquire);
+                }
+                if self.version.load(Ordering::Acquire) == v {
+                    out[len] = 0;
+                    return Some(len);
+                }
+            }
+            if round > 64 {
+                os::yield_now();
+            } else {
+                core::hint::spin_loop();
+            }
+        }
+        None
+    }
+}
+
+impl PathWriter<'_> {
+    fn store(&self, text: &[u8]) {
+        let len = text.len().min(STATS_JSON_PATH_MAX - 1);
+        for (slot, &b) in self.slot.bytes.iter().zip(&text[..len]) {
+            slot.store(b, Ordering::Release);
+        }
+        self.slot.len.store(len, Ordering::Release);
+    }
+}
+
+impl Drop for PathWriter<'_> {
+    fn drop(&mut self) {
+        self.slot
+            .version
+            .store(self.version.wrapping_add(1), Ordering::Release);
     }
 }
 
@@ -177,5 +865,133 @@ mod tests {
         assert_eq!(parse_thp(b"never"), Some(THP_NEVER));
         assert_eq!(parse_thp(b"system"), Some(THP_SYSTEM));
         assert_eq!(parse_thp(b"on"), None);
+    }
+
+    #[test]
+    fn booleans_parse() {
+        for w in [&b"0"[..], b"no", b"false", b"off", b"OFF", b"False"] {
+            assert_eq!(parse_bool(w), Some(0), "{w:?}");
+        }
+        for w in [&b"1"[..], b"yes", b"true", b"on", b"ON", b"Yes"] {
+            assert_eq!(parse_bool(w), Some(1), "{w:?}");
+        }
+        for w in [&b""[..], b"2", b"y", b"enable", b"onn"] {
+            assert_eq!(parse_bool(w), None, "{w:?}");
+        }
+    }
+
+    #[test]
+    fn show_stats_parses_as_the_launcher_sets_it() {
+        for w in [&b""[..], b"0", b"no", b"off", b"false"] {
+            assert_eq!(parse_show_stats(w), Some(SHOW_STATS_OFF), "{w:?}");
+        }
+        for w in [&b"1"[..], b"all", b"yes", b"on", b"true", b"pid:0"] {
+            assert_eq!(parse_show_stats(w), Some(SHOW_STATS_ALL), "{w:?}");
+        }
+        assert_eq!(parse_show_stats(b"pid:4242"), Some(SHOW_STATS_PID + 4242));
+        assert_eq!(parse_show_stats(b"4242"), Some(SHOW_STATS_PID + 4242));
+        assert_eq!(parse_show_stats(b"pid:1"), Some(SHOW_STATS_PID + 1));
+        assert_eq!(parse_show_stats(b"2"), Some(SHOW_STATS_PID + 2));
+        for w in [
+            &b"pid:"[..],
+            b"pid:x",
+            b"pid:-3",
+            b"sometimes",
+            b"99999999999",
+        ] {
+            assert_eq!(parse_show_stats(w), None, "{w:?}");
+        }
+    }
+
+    #[test]
+    fn paths_parse_up_to_the_buffer() {
+        assert_eq!(parse_path(b""), Some(0));
+        assert_eq!(parse_path(b"/tmp/s.json"), Some(11));
+        assert_eq!(parse_path(&[b'a'; STATS_JSON_PATH_MAX - 1]), Some(255));
+        assert_eq!(parse_path(&[b'a'; STATS_JSON_PATH_MAX]), None);
+        assert_eq!(parse_path(b"a\0b"), None);
+    }
+
+    #[test]
+    fn names_match_long_and_short_forms() {
+        assert_eq!(
+            Opt::from_name(b"TLMALLOC_PURGE_DELAY_MS"),
+            Some(Opt::PurgeDelayMs)
+        );
+        assert_eq!(Opt::from_name(b"purge_delay_ms"), Some(Opt::PurgeDelayMs));
+        assert_eq!(Opt::from_name(b"stats_json"), Some(Opt::StatsJson));
+        assert_eq!(Opt::from_name(b"PURGE_DELAY_MS"), None);
+        assert_eq!(Opt::from_name(b"purge_delay"), None);
+        assert_eq!(Opt::from_name(b"TLMALLOC_PURGE_DELAY"), None);
+        assert_eq!(Opt::from_name(b""), None);
+        for opt in Opt::ALL {
+            assert_eq!(Opt::from_name(opt.env_name().as_bytes()), Some(opt));
+        }
+    }
+
+    #[test]
+    fn unknown_names_are_ours_and_not_in_the_table() {
+        assert!(is_unknown(b"TLMALLOC_PURGE_DELAY"));
+        assert!(is_unknown(b"TLMALLOC_"));
+        assert!(!is_unknown(b"TLMALLOC_PURGE_DELAY_MS"));
+        assert!(!is_unknown(b"TLMALLOC_LIB"));
+        assert!(!is_unknown(b"TLMALLOC_TEST_LIB"));
+        assert!(!is_unknown(b"TLMALLOCX"));
+        assert!(!is_unknown(b"PATH"));
+    }
+
+    #[test]
+    fn values_show_as_their_parser_reads_them() {
+        let cases: [(Opt, usize, &[u8]); 8] = [
+            (Opt::LargeCacheMax, 512 << 20, b"512m"),
+            (Opt::LargeCacheMax, 3 << 30, b"3g"),
+            (Opt::LargeCacheMax, 1536, b"1536"),
+            (Opt::MaxReserved, 0, b"0"),
+            (Opt::PurgeDelayMs, 1000, b"1000"),
+            (Opt::ShowStats, SHOW_STATS_PID + 77, b"pid:77"),
+            (Opt::Verbose, 1, b"on"),
+            (Opt::StatsJson, 0, b"\"\""),
+        ];
+        for (opt, v, want) in cases {
+            assert_eq!(ValueText::of(opt, v).as_bytes(), want, "{opt:?} {v}");
+        }
+        // Every default and a few values read back as themselves.
+        for opt in Opt::ALL {
+            if opt == Opt::StatsJson {
+                continue;
+            }
+            for v in [opt.default_value(), 0, 1] {
+                let t = ValueText::of(opt, v);
+                assert_eq!(PARSERS[opt as usize](t.as_bytes()), Some(v), "{opt:?} {t}");
+            }
+        }
+    }
+
+    #[test]
+    fn path_slot_round_trips() {
+        let slot = PathSlot {
+            version: AtomicUsize::new(0),
+            len: AtomicUsize::new(0),
+            bytes: [const { AtomicU8::new(0) }; STATS_JSON_PATH_MAX],
+        };
+        let mut buf = [0xffu8; STATS_JSON_PATH_MAX];
+        assert_eq!(slot.read(&mut buf), Some(0));
+        assert_eq!(buf[0], 0);
+        slot.write().store(b"/tmp/a.json");
+        assert_eq!(slot.read(&mut buf), Some(11));
+        assert_eq!(&buf[..12], b"/tmp/a.json\0");
+        slot.write().store(b"/b");
+        assert_eq!(slot.read(&mut buf), Some(2));
+        assert_eq!(&buf[..3], b"/b\0");
+        assert_eq!(slot.version.load(Ordering::Relaxed), 4);
+    }
+
+    #[test]
+    fn decimal_formatting() {
+        let mut b = Buf::<32>::new();
+        b.push_decimal(0);
+        b.push(b" ");
+        b.push_decimal(usize::MAX);
+        assert_eq!(b.as_bytes(), b"0 18446744073709551615");
     }
 }

@@ -29,6 +29,7 @@ use crate::large_cache;
 use crate::options::{self, Opt, PURGE_FREE};
 use crate::os;
 use crate::segment::{Segment, SEGMENT_HEADER_SIZE};
+use crate::stats;
 use crate::sync::{AtomicUsize, Ordering};
 
 /// Slow-path calls between two clock reads.
@@ -101,8 +102,14 @@ pub unsafe fn purge_dirty_pages(
             let run = (!(mask >> start_index)).trailing_zeros(); // consecutive dirty slots
             let start = (base + ((start_index as usize) << shift)).max(first_area);
             let end = base + (((start_index + run) as usize) << shift);
-            if end > start {
-                os::purge(start as *mut u8, end - start, policy.lazy);
+            let run_mask = if run >= 64 {
+                u64::MAX
+            } else {
+                ((1u64 << run) - 1) << start_index
+            };
+            if end <= start || os::purge(start as *mut u8, end - start, policy.lazy) {
+                // Purged (or nothing to purge: the header's own slot part).
+                s.purged_mask |= run_mask;
             }
             if start_index + run >= 64 {
                 break;
@@ -110,6 +117,60 @@ pub unsafe fn purge_dirty_pages(
             mask &= !(((1u64 << run) - 1) << start_index);
         }
         s.dirty_mask = 0;
+    }
+}
+
+/// The bytes a purge of page slot `index` gives back (slot 0 keeps the
+/// header's OS pages).
+fn slot_purge_bytes(segment: *mut Segment, index: usize) -> usize {
+    let base = segment as usize;
+    // SAFETY: `page_shift` is constant while the segment is mapped.
+    let shift = unsafe { (*segment).page_shift };
+    let first_area = (base + SEGMENT_HEADER_SIZE + OS_PAGE_SIZE - 1) & !(OS_PAGE_SIZE - 1);
+    let start = (base + (index << shift)).max(first_area);
+    let end = base + ((index + 1) << shift);
+    end.saturating_sub(start)
+}
+
+/// Page slot `index` was just claimed: if it had been purged, its memory
+/// counts as committed again.
+///
+/// # Safety
+/// The caller holds `segment` (a small or medium segment).
+pub unsafe fn reuse_page_slot(segment: *mut Segment, index: usize) {
+    // SAFETY: holder access (caller contract).
+    unsafe {
+        let bit = 1u64 << index;
+        if (*segment).purged_mask & bit != 0 {
+            (*segment).purged_mask &= !bit;
+            stats::record_recommit(slot_purge_bytes(segment, index));
+        }
+    }
+}
+
+/// `segment` leaves its holder (to the segment cache or the OS): whatever
+/// of it was purged counts as committed again, so that the cache's own
+/// accounting (whole segments) and `munmap` start from a clean slate.
+///
+/// # Safety
+/// The caller holds `segment`.
+pub unsafe fn recommit_purged(segment: *mut Segment) {
+    // SAFETY: holder access (caller contract).
+    unsafe {
+        if (*segment).kind == crate::segment::SegmentKind::Large {
+            if (*segment).purged {
+                stats::record_recommit(large::large_capacity(segment));
+                (*segment).purged = false;
+            }
+            return;
+        }
+        let mut mask = (*segment).purged_mask;
+        (*segment).purged_mask = 0;
+        while mask != 0 {
+            let index = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            stats::record_recommit(slot_purge_bytes(segment, index));
+        }
     }
 }
 

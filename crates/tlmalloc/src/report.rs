@@ -44,8 +44,33 @@ impl Line {
         self
     }
 
+    #[cfg(feature = "check")]
+    fn decimal(&mut self, value: usize) -> &mut Self {
+        let mut digits = [0u8; 20];
+        for &c in decimal(value, &mut digits) {
+            if self.len < self.buf.len() {
+                self.buf[self.len] = c;
+                self.len += 1;
+            }
+        }
+        self
+    }
+
     fn emit(&self) {
         os::write_stderr(&self.buf[..self.len]);
+    }
+}
+
+/// `value` in decimal, written at the end of `digits` (no allocation).
+pub(crate) fn decimal(mut value: usize, digits: &mut [u8; 20]) -> &[u8] {
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            return &digits[i..];
+        }
     }
 }
 
@@ -61,6 +86,40 @@ pub fn misuse(function: &str, ptr: *const u8, what: &str) -> ! {
         .text("): ")
         .text(what)
         .text("\n")
+        .emit();
+    os::abort()
+}
+
+/// Report that `function` could not get memory where it has no way to
+/// return a failure, and abort.
+#[cold]
+#[inline(never)]
+pub fn out_of_memory(function: &str) -> ! {
+    Line::new()
+        .text("tlmalloc: ")
+        .text(function)
+        .text(": out of memory\n")
+        .emit();
+    os::abort()
+}
+
+/// Report a sized free whose size does not match its block, and abort.
+#[cfg(feature = "check")]
+#[cold]
+#[inline(never)]
+pub fn wrong_size(function: &str, ptr: *const u8, size: usize, align: usize, usable: usize) -> ! {
+    Line::new()
+        .text("tlmalloc: ")
+        .text(function)
+        .text("(")
+        .hex(ptr as usize)
+        .text("): wrong size: freed as ")
+        .decimal(size)
+        .text(" bytes (alignment ")
+        .decimal(align)
+        .text("), but the block holds ")
+        .decimal(usable)
+        .text(" bytes\n")
         .emit();
     os::abort()
 }

@@ -111,7 +111,10 @@ pub struct Segment {
     /// Holder: the memory past the header was purged since it was last used.
     pub purged: bool,
     _pad3: [u8; 6],
-    _pad4: [u64; 3],
+    /// Holder: free page slots purged since their last use (their bytes
+    /// count as decommitted in the statistics until reused or unmapped).
+    pub purged_mask: u64,
+    _pad4: [u64; 2],
     /// The page table (a large segment uses slot 0 only).
     pub pages: [Page; PAGES_PER_SEGMENT],
 }
@@ -169,7 +172,8 @@ impl Segment {
             zeroed: true,
             purged: false,
             _pad3: [0; 6],
-            _pad4: [0; 3],
+            purged_mask: 0,
+            _pad4: [0; 2],
             pages: core::array::from_fn(|_| Page::new()),
         }
     }

@@ -270,17 +270,17 @@ pub fn summaries(stderr: &str) -> Vec<Summary> {
 /// Stderr without tlmalloc's summaries.
 pub fn without_summaries(stderr: &str) -> String {
     let mut out = String::new();
-    let mut skip = 0;
+    let mut in_summary = false;
     for line in stderr.lines() {
         if line.starts_with("tlmalloc stats: ") {
-            skip = 3;
+            in_summary = true;
             continue;
         }
-        if skip > 0 && line.starts_with("  ") {
-            skip -= 1;
+        // Every line of the table is indented by two spaces.
+        if in_summary && line.starts_with("  ") {
             continue;
         }
-        skip = 0;
+        in_summary = false;
         out.push_str(line);
         out.push('\n');
     }

@@ -83,7 +83,9 @@ pub unsafe fn purge(p: *mut u8, size: usize, lazy: bool) -> bool {
     };
     // SAFETY: the caller guarantees the range is ours and disposable.
     let rc = unsafe { libc::madvise(p.cast(), size, advice) };
-    crate::stats::record_purge(size);
+    if rc == 0 {
+        crate::stats::record_purge(size);
+    }
     rc == 0
 }
 
@@ -166,6 +168,45 @@ pub fn getenv(name: &[u8]) -> Option<&'static [u8]> {
     let len = unsafe { libc::strlen(value) };
     // SAFETY: as above, `len` bytes are readable.
     Some(unsafe { core::slice::from_raw_parts(value.cast::<u8>(), len) })
+}
+
+/// Call `f` with each entry of the process environment (`NAME=VALUE`
+/// bytes, without the NUL), in order, without allocating. The slices borrow
+/// the environment only for the call.
+pub fn for_each_env(mut f: impl FnMut(&[u8])) {
+    unsafe extern "C" {
+        #[link_name = "environ"]
+        static mut ENVIRON: *const *const libc::c_char;
+    }
+    // SAFETY: `environ` is the C library's pointer to the environment
+    // array; reading the pointer's value through a raw place creates no
+    // reference to the mutable static.
+    let mut entry = unsafe { (&raw const ENVIRON).read() };
+    if entry.is_null() {
+        return;
+    }
+    loop {
+        // SAFETY: `environ` is a NULL-terminated array of pointers, and
+        // `entry` has not gone past its terminator (we stop on it).
+        let s = unsafe { *entry };
+        if s.is_null() {
+            return;
+        }
+        // SAFETY: every entry is a NUL-terminated string.
+        let len = unsafe { libc::strlen(s) };
+        // SAFETY: as above, `len` bytes are readable; we never modify the
+        // environment while `f` runs.
+        f(unsafe { core::slice::from_raw_parts(s.cast::<u8>(), len) });
+        // SAFETY: `s` was not the terminator, so the next slot exists.
+        entry = unsafe { entry.add(1) };
+    }
+}
+
+/// The calling process's id.
+pub fn getpid() -> u32 {
+    // SAFETY: getpid has no preconditions and cannot fail.
+    let pid = unsafe { libc::getpid() };
+    pid as u32
 }
 
 /// Let another thread run (used by contended spin locks).
@@ -355,6 +396,77 @@ pub fn write_stderr(bytes: &[u8]) {
             return;
         }
         rest = &rest[n as usize..];
+    }
+}
+
+/// Write all of `bytes` to `fd` (stops early if the descriptor fails).
+pub fn write_fd(fd: i32, bytes: &[u8]) {
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        // SAFETY: `rest` is a valid readable buffer of `rest.len()` bytes.
+        let n = unsafe { libc::write(fd, rest.as_ptr().cast(), rest.len()) };
+        if n <= 0 {
+            return;
+        }
+        rest = &rest[n as usize..];
+    }
+}
+
+/// The (device, inode) that `fd` refers to, or `None` when it is not open.
+pub fn fd_identity(fd: i32) -> Option<(u64, u64)> {
+    // SAFETY: an all-zero `stat` is a valid value to overwrite.
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: `st` is a valid out-pointer.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return None;
+    }
+    Some((st.st_dev, st.st_ino))
+}
+
+/// A close-on-exec duplicate of standard error (at fd 100 or above), with
+/// the (device, inode) it refers to; `None` when fd 2 is not open.
+pub fn dup_stderr() -> Option<(i32, (u64, u64))> {
+    let id = fd_identity(2)?;
+    // SAFETY: fcntl on a descriptor fstat just accepted.
+    let fd = unsafe { libc::fcntl(2, libc::F_DUPFD_CLOEXEC, 100) };
+    (fd >= 0).then_some((fd, id))
+}
+
+/// Open `path` for writing, truncated or created with mode 0644.
+pub fn create_file(path: &core::ffi::CStr) -> Option<i32> {
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC;
+    // SAFETY: `path` is NUL-terminated; open does not keep the pointer.
+    let fd = unsafe { libc::open(path.as_ptr(), flags, 0o644 as libc::c_uint) };
+    (fd >= 0).then_some(fd)
+}
+
+/// Close a descriptor `create_file` returned.
+pub fn close(fd: i32) {
+    // SAFETY: closing a descriptor we opened; errors leave nothing to do.
+    unsafe { libc::close(fd) };
+}
+
+/// Run `f` at normal process exit. (glibc's `atexit` may allocate its
+/// handler block: it re-enters malloc, which is ready by then.)
+pub fn at_exit(f: extern "C" fn()) -> bool {
+    // SAFETY: `f` is a plain function that stays valid for the process's
+    // life (the library is never unloaded: linked with `-z nodelete`).
+    unsafe { libc::atexit(f) == 0 }
+}
+
+/// The short name the program was started as (glibc's
+/// `program_invocation_short_name`), or `?`.
+pub fn program_name() -> &'static [u8] {
+    unsafe extern "C" {
+        static program_invocation_short_name: *const libc::c_char;
+    }
+    // SAFETY: glibc sets this before any constructor runs and never frees it.
+    unsafe {
+        let name = (&raw const program_invocation_short_name).read();
+        if name.is_null() {
+            return b"?";
+        }
+        core::slice::from_raw_parts(name.cast::<u8>(), libc::strlen(name))
     }
 }
 

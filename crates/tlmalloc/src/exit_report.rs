@@ -1,0 +1,189 @@
+//! The statistics report at exit: `TLMALLOC_SHOW_STATS` (a table on
+//! standard error) and `TLMALLOC_STATS_JSON` (a JSON document in a file;
+//! `%p` in the path becomes the pid).
+//!
+//! Set up once, at the process's first heap ([`prepare`], also called by
+//! the C library's constructor so that it happens before `main`): if this
+//! process is to print, it keeps a close-on-exec duplicate of standard
+//! error, because many programs close fd 2 before they exit (GNU
+//! coreutils' `close_stdout`), and registers [`run`] with `atexit`. `run`
+//! writes to that duplicate if it still is the file fd 2 was at start-up,
+//! else to fd 2 if open. A program that ends with `_exit` prints nothing.
+//!
+//! Everything is formatted through a fixed stack buffer: nothing here
+//! allocates, so it can run at any point of exit.
+
+use core::fmt::{self, Write};
+
+use crate::options::{self, STATS_JSON_PATH_MAX};
+use crate::os;
+use crate::sync::{AtomicBool, AtomicUsize, Ordering};
+
+/// `prepare` ran.
+static PREPARED: AtomicBool = AtomicBool::new(false);
+/// `run` ran (it may be reached from `atexit` and from the C library's destructor).
+static DONE: AtomicBool = AtomicBool::new(false);
+/// The saved duplicate of standard error (`usize::MAX`: none) and what it was.
+static SAVED_FD: AtomicUsize = AtomicUsize::new(usize::MAX);
+static SAVED_DEV: AtomicUsize = AtomicUsize::new(0);
+static SAVED_INO: AtomicUsize = AtomicUsize::new(0);
+
+/// Decide whether this process reports at exit; if so, save standard error
+/// and register [`run`]. Idempotent.
+pub fn prepare() {
+    if PREPARED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let show = options::show_stats_here();
+    let mut buf = [0u8; STATS_JSON_PATH_MAX];
+    let json = options::stats_json_path(&mut buf).is_some();
+    if !show && !json {
+        return;
+    }
+    if show {
+        if let Some((fd, (dev, ino))) = os::dup_stderr() {
+            SAVED_DEV.store(dev as usize, Ordering::Relaxed);
+            SAVED_INO.store(ino as usize, Ordering::Relaxed);
+            SAVED_FD.store(fd as usize, Ordering::Release);
+        }
+    }
+    os::at_exit(run);
+}
+
+/// Print the table and write the JSON file, as the options ask (once).
+pub extern "C" fn run() {
+    if DONE.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let stats = crate::stats::stats();
+    if options::show_stats_here() {
+        if let Some(fd) = report_fd() {
+            write_table(fd, &stats);
+        }
+    }
+    let mut buf = [0u8; STATS_JSON_PATH_MAX];
+    if let Some(path) = options::stats_json_path(&mut buf) {
+        let mut expanded = [0u8; STATS_JSON_PATH_MAX + 16];
+        if let Some(path) = expand_pid(path.to_bytes(), &mut expanded) {
+            if let Some(fd) = os::create_file(path) {
+                let mut out = FdWriter::new(fd);
+                let _ = stats.write_json(&mut out);
+                out.flush();
+                os::close(fd);
+            }
+        }
+    }
+}
+
+/// Write the statistics table, headed by the program's name and pid, to `fd`.
+pub fn write_table(fd: i32, stats: &crate::stats::Stats) {
+    let mut out = FdWriter::new(fd);
+    let _ = out.write_str("tlmalloc stats: ");
+    out.write_bytes(os::program_name());
+    let _ = writeln!(out, " (pid {})", os::getpid());
+    let _ = stats.write_text(&mut out);
+    out.flush();
+}
+
+/// The saved duplicate if it still is the standard error seen at start-up,
+/// else standard error if it is open.
+fn report_fd() -> Option<i32> {
+    let saved = SAVED_FD.load(Ordering::Acquire);
+    if saved != usize::MAX {
+        let fd = saved as i32;
+        let expected = (
+            SAVED_DEV.load(Ordering::Relaxed) as u64,
+            SAVED_INO.load(Ordering::Relaxed) as u64,
+        );
+        if os::fd_identity(fd) == Some(expected) {
+            return Some(fd);
+        }
+    }
+    os::fd_identity(2).map(|_| 2)
+}
+
+/// `path` with every `%p` replaced by the pid, NUL-terminated in `out`.
+fn expand_pid<'a>(path: &[u8], out: &'a mut [u8]) -> Option<&'a core::ffi::CStr> {
+    let mut digits = [0u8; 20];
+    let pid_text = crate::report::decimal(os::getpid() as usize, &mut digits);
+    let mut len = 0;
+    let mut i = 0;
+    while i < path.len() {
+        let piece: &[u8] = if path[i] == b'%' && path.get(i + 1) == Some(&b'p') {
+            i += 2;
+            pid_text
+        } else {
+            i += 1;
+            &path[i - 1..i]
+        };
+        let end = len + piece.len();
+        if end + 1 > out.len() {
+            return None;
+        }
+        out[len..end].copy_from_slice(piece);
+        len = end;
+    }
+    out[len] = 0;
+    core::ffi::CStr::from_bytes_with_nul(&out[..=len]).ok()
+}
+
+/// A `fmt::Write` that buffers on the stack and writes to a descriptor.
+struct FdWriter {
+    fd: i32,
+    buf: [u8; 1024],
+    len: usize,
+}
+
+impl FdWriter {
+    fn new(fd: i32) -> Self {
+        FdWriter {
+            fd,
+            buf: [0; 1024],
+            len: 0,
+        }
+    }
+
+    fn write_bytes(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(self.buf.len()) {
+            if self.len + chunk.len() > self.buf.len() {
+                self.flush();
+            }
+            self.buf[self.len..self.len + chunk.len()].copy_from_slice(chunk);
+            self.len += chunk.len();
+        }
+    }
+
+    fn flush(&mut self) {
+        os::write_fd(self.fd, &self.buf[..self.len]);
+        self.len = 0;
+    }
+}
+
+impl Write for FdWriter {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.write_bytes(s.as_bytes());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expand_pid;
+
+    #[test]
+    fn pid_is_substituted() {
+        let mut out = [0u8; 64];
+        let pid = crate::os::getpid();
+        let got = expand_pid(b"/tmp/s.%p.json", &mut out).unwrap().to_bytes();
+        let digits = &got[b"/tmp/s.".len()..got.len() - b".json".len()];
+        assert!(got.starts_with(b"/tmp/s.") && got.ends_with(b".json"));
+        let parsed = digits
+            .iter()
+            .fold(0u32, |n, &d| n * 10 + u32::from(d - b'0'));
+        assert_eq!(parsed, pid);
+        let mut out = [0u8; 64];
+        assert_eq!(expand_pid(b"a%q%", &mut out).unwrap().to_bytes(), b"a%q%");
+        let mut small = [0u8; 4];
+        assert!(expand_pid(b"abcd", &mut small).is_none());
+    }
+}
