@@ -15,6 +15,7 @@
 //! | `memalign`, alignment not a power of two | rounded up to the next power of two (glibc); above 2^63: NULL, `EINVAL` |
 //! | `valloc(n)` / `pvalloc(n)` | page aligned; `pvalloc` rounds `n` up to whole pages (at least one) |
 //! | `malloc_usable_size(NULL)` | 0 |
+//! | `free_sized(p, n)`, `free_aligned_sized(p, a, n)` | `free(p)`; with the core's `check` feature, `n` (and `a`) not matching the block: one line on stderr, then `abort()` |
 //! | `free`, `realloc`, `malloc_usable_size` of a pointer tlmalloc did not hand out | one line on stderr naming the pointer and the function, then `abort()` |
 //!
 //! Blocks of 16 bytes or more are 16-byte aligned; blocks of 1 to 8 bytes are
@@ -44,6 +45,23 @@ fn do_malloc(size: usize) -> *mut c_void {
 unsafe fn do_free(p: *mut c_void) {
     // SAFETY: forwarded caller contract; foreign pointers are reported by the core.
     unsafe { core_alloc::free(p.cast()) }
+}
+
+/// # Safety
+/// `p` is null or a live block of ours of `size` bytes (as asked for).
+#[inline]
+unsafe fn do_free_sized(p: *mut c_void, size: usize) {
+    // SAFETY: forwarded caller contract; the core checks `size` in `check`
+    // builds and reports foreign pointers.
+    unsafe { core_alloc::free_sized(p.cast(), size) }
+}
+
+/// # Safety
+/// `p` is null or a live block of ours of `size` bytes aligned to `align`.
+#[inline]
+unsafe fn do_free_aligned_sized(p: *mut c_void, align: usize, size: usize) {
+    // SAFETY: forwarded caller contract (checked as in `do_free_sized`).
+    unsafe { core_alloc::free_aligned_sized(p.cast(), align, size) }
 }
 
 #[inline]
@@ -229,32 +247,36 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
     unsafe { do_usable_size(p) }
 }
 
-/// C23 `free_sized`: `free` (the size is not needed to find the block).
+/// C23 `free_sized`: `free` of a block from `malloc`, `calloc` or
+/// `realloc` whose requested (or last resized-to) size is `size`. The size
+/// is not needed to find the block; a build of the core with its `check`
+/// feature verifies it and reports a wrong one.
 ///
 /// # Safety
-/// `p` is NULL or a live block of this allocator.
+/// `p` is NULL or a live block of this allocator of `size` bytes.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn free_sized(p: *mut c_void, _size: usize) {
+pub unsafe extern "C" fn free_sized(p: *mut c_void, size: usize) {
     // SAFETY: forwarded caller contract.
-    unsafe { do_free(p) }
+    unsafe { do_free_sized(p, size) }
 }
 
-/// C23 `free_aligned_sized`: `free`.
+/// C23 `free_aligned_sized`: `free` of a block from `aligned_alloc(align,
+/// size)`; checked like [`free_sized`].
 ///
 /// # Safety
-/// `p` is NULL or a live block of this allocator.
+/// `p` is NULL or a live block of this allocator of `size` bytes aligned to `align`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn free_aligned_sized(p: *mut c_void, _align: usize, _size: usize) {
+pub unsafe extern "C" fn free_aligned_sized(p: *mut c_void, align: usize, size: usize) {
     // SAFETY: forwarded caller contract.
-    unsafe { do_free(p) }
+    unsafe { do_free_aligned_sized(p, align, size) }
 }
 
-/// glibc `malloc_trim`: return what the calling thread can to the OS
-/// (`tl_collect`); 1 when memory went back to the OS, else 0.
+/// glibc `malloc_trim`: return what can be returned to the OS
+/// (`tl_collect(1)`); 1 when memory went back to the OS, else 0.
 #[unsafe(no_mangle)]
 pub extern "C" fn malloc_trim(_pad: usize) -> c_int {
     let before = core_alloc::stats::os_stats().reserved_bytes;
-    core_alloc::collect();
+    core_alloc::collect_with(true);
     c_int::from(core_alloc::stats::os_stats().reserved_bytes < before)
 }
 
@@ -363,24 +385,32 @@ pub unsafe extern "C" fn tl_free(p: *mut c_void) {
     unsafe { do_free(p) }
 }
 
-/// As `free_sized`.
-///
-/// # Safety
-/// `p` is NULL or a live block of this allocator.
+/// As `malloc`, with the caller's promise to free the block with
+/// [`tl_free_sized`] and the same `size` (or the size it was last resized to).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn tl_free_sized(p: *mut c_void, _size: usize) {
-    // SAFETY: forwarded caller contract.
-    unsafe { do_free(p) }
+pub extern "C" fn tl_malloc_sized(size: usize) -> *mut c_void {
+    do_malloc(size)
 }
 
-/// As `free_aligned_sized`.
+/// As `free_sized`: `size` is the size the block was asked for (or last
+/// resized to); checked in `check` builds of the core.
 ///
 /// # Safety
-/// `p` is NULL or a live block of this allocator.
+/// `p` is NULL or a live block of this allocator of `size` bytes.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn tl_free_aligned_sized(p: *mut c_void, _align: usize, _size: usize) {
+pub unsafe extern "C" fn tl_free_sized(p: *mut c_void, size: usize) {
     // SAFETY: forwarded caller contract.
-    unsafe { do_free(p) }
+    unsafe { do_free_sized(p, size) }
+}
+
+/// As `free_aligned_sized`: for a block of `tl_malloc_aligned(size, align)`.
+///
+/// # Safety
+/// `p` is NULL or a live block of this allocator of `size` bytes aligned to `align`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tl_free_aligned_sized(p: *mut c_void, align: usize, size: usize) {
+    // SAFETY: forwarded caller contract.
+    unsafe { do_free_aligned_sized(p, align, size) }
 }
 
 /// As `malloc_usable_size`.
@@ -400,10 +430,13 @@ pub extern "C" fn tl_good_size(size: usize) -> usize {
     core_alloc::good_size(size)
 }
 
-/// Return what the calling thread can to the OS now.
+/// Return memory to the OS now. `force` non-zero: everything that can be
+/// (remote frees collected, empty pages released, abandoned segments
+/// adopted, the segment cache unmapped); zero: only what is cheap and the
+/// calling thread's own (its remote frees, empty pages, due purges).
 #[unsafe(no_mangle)]
-pub extern "C" fn tl_collect() {
-    core_alloc::collect();
+pub extern "C" fn tl_collect(force: c_int) {
+    core_alloc::collect_with(force != 0);
 }
 
 /// The library version, e.g. "0.1.0".

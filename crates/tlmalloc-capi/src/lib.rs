@@ -10,7 +10,11 @@
 //! |---|---|
 //! | [`cabi`] | `malloc`, `free`, `calloc`, `realloc`, `reallocarray`, `posix_memalign`, `aligned_alloc`, `memalign`, `valloc`, `pvalloc`, `malloc_usable_size`, `free_sized`, `free_aligned_sized`, `malloc_trim`, the `__libc_*` aliases, and the `tl_*` API |
 //! | [`cxx`] | the 20 `operator new` / `operator delete` variants (Itanium-mangled names) |
+//! | [`heap_api`] | `tl_heap_new`, `tl_heap_malloc`, `tl_heap_calloc`, `tl_heap_malloc_aligned`, `tl_heap_collect`, `tl_heap_destroy`: heaps of their own, destroyed in one call |
+//! | [`pool_api`] | `tl_pool_alloc`, `tl_pool_free`: typed pools (`TL_POOL(type)`), sized frees |
+//! | [`stats_api`] | `tl_stats`: every statistic as `tl_stats_t` (the core's `Stats`, layout asserted at compile time) |
 //! | [`summary`] | the statistics summary printed at exit (`TLMALLOC_SHOW_STATS`), and `tl_print_stats` |
+//! | [`options`] | `tl_option_set` and `tl_option_get`: the `TLMALLOC_*` runtime options by name |
 //!
 //! Rules every exported function follows:
 //! - **It never allocates** (no `alloc`, no `std` collections or formatting
@@ -51,6 +55,10 @@ extern crate std;
 
 pub mod cabi;
 pub mod cxx;
+pub mod heap_api;
+pub mod options;
+pub mod pool_api;
+pub mod stats_api;
 pub mod summary;
 
 use core::ffi::c_void;

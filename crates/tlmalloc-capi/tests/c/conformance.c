@@ -464,7 +464,8 @@ static void test_tl_api(void) {
     CHECK(TL(tl_malloc)(v_size_max) == NULL && errno == ENOMEM);
     TL(tl_free)(NULL);
     CHECK(TL(tl_usable_size)(NULL) == 0);
-    TL(tl_collect)();
+    TL(tl_collect)(1);
+    TL(tl_collect)(0);
     const char *version = TL(tl_version)();
     CHECK(version != NULL && strchr(version, '.') != NULL);
 

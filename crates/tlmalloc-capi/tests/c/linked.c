@@ -51,7 +51,8 @@ int main(int argc, char **argv) {
     errno = 0;
     CHECK(tl_malloc(SIZE_MAX) == NULL && errno == ENOMEM);
     CHECK(tl_good_size(SIZE_MAX) == SIZE_MAX);
-    tl_collect();
+    tl_collect(1);
+    tl_collect(0);
     CHECK(strlen(tl_version()) > 0);
     return check_done();
 }
