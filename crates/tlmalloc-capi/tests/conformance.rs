@@ -7,7 +7,6 @@ mod common;
 
 use common::*;
 use std::fs;
-use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
 
 /// Every malloc-family edge case of tests/c/conformance.c, under LD_PRELOAD.
@@ -82,25 +81,14 @@ fn foreign_pointers_are_reported() {
             &format!("foreign {mode}"),
             preload(Command::new(&exe).arg(mode)),
         );
-        let stdout = text(&out.stdout);
-        let stderr = text(&out.stderr);
+        let (stdout, stderr) = aborted(mode, &out);
         let pointer = stdout.lines().next().unwrap_or("").trim().to_string();
-        assert_eq!(
-            out.status.signal(),
-            Some(libc_sigabrt()),
-            "{mode}: expected SIGABRT, got {}; stdout {stdout} stderr {stderr}",
-            out.status
-        );
         let expected =
             format!("tlmalloc: {function}({pointer}): pointer was not allocated by tlmalloc");
         let lines: Vec<&str> = stderr.lines().collect();
         assert_eq!(lines, [expected.as_str()], "{mode}: stderr was {stderr:?}");
         assert!(!stdout.contains("not detected"));
     }
-}
-
-fn libc_sigabrt() -> i32 {
-    6
 }
 
 /// Allocation before main (a linked library's constructor, run by the
@@ -247,20 +235,7 @@ fn link_with_pkg_config_and_statically() {
 /// thread-local storage is small and initial-exec (STATIC_TLS).
 #[test]
 fn exported_symbols_and_tls() {
-    let nm = Command::new("nm")
-        .args(["-D", "--defined-only"])
-        .arg(lib())
-        .output()
-        .expect("nm");
-    assert_success("nm -D", &nm);
-    let mut exported: Vec<String> = text(&nm.stdout)
-        .lines()
-        .filter_map(|l| {
-            let mut parts = l.split_whitespace();
-            let (_, kind, name) = (parts.next()?, parts.next()?, parts.next()?);
-            (kind == "T").then(|| name.to_string())
-        })
-        .collect();
+    let mut exported = exported_functions();
     exported.sort();
     let mut expected: Vec<&str> = vec![
         "malloc",
@@ -274,8 +249,6 @@ fn exported_symbols_and_tls() {
         "valloc",
         "pvalloc",
         "malloc_usable_size",
-        "free_sized",
-        "free_aligned_sized",
         "malloc_trim",
         "__libc_malloc",
         "__libc_free",
@@ -290,25 +263,12 @@ fn exported_symbols_and_tls() {
         "tl_reallocarray",
         "tl_malloc_aligned",
         "tl_free",
-        "tl_free_sized",
-        "tl_free_aligned_sized",
         "tl_usable_size",
         "tl_good_size",
-        "tl_collect",
         "tl_print_stats",
         "tl_version",
         "tl_option_set",
         "tl_option_get",
-        "tl_malloc_sized",
-        "tl_pool_alloc",
-        "tl_pool_free",
-        "tl_heap_new",
-        "tl_heap_malloc",
-        "tl_heap_calloc",
-        "tl_heap_malloc_aligned",
-        "tl_heap_collect",
-        "tl_heap_destroy",
-        "tl_stats",
         "_Znwm",
         "_Znam",
         "_ZnwmRKSt9nothrow_t",
@@ -330,6 +290,8 @@ fn exported_symbols_and_tls() {
         "_ZdlPvSt11align_val_tRKSt9nothrow_t",
         "_ZdaPvSt11align_val_tRKSt9nothrow_t",
     ];
+    // The tl_ extensions and the C23 sized frees (tests/extensions.rs).
+    expected.extend(EXTENSION_FUNCTIONS);
     expected.sort();
     assert_eq!(exported, expected, "exported functions of libtlmalloc.so");
 

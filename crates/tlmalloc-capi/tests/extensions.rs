@@ -16,7 +16,6 @@ mod common;
 use common::*;
 use std::env;
 use std::fs;
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -144,14 +143,7 @@ fn c_extensions_with_stats_and_check() {
 
     for (mode, function) in WRONG_SIZES {
         let out = run_with(lib_dir, &exe, &[mode]);
-        let stdout = text(&out.stdout);
-        let stderr = text(&out.stderr);
-        assert_eq!(
-            out.status.signal(),
-            Some(6),
-            "{mode}: expected SIGABRT, got {}; stdout {stdout} stderr {stderr}",
-            out.status
-        );
+        let (stdout, stderr) = aborted(mode, &out);
         assert!(!stdout.contains("not detected"), "{mode}");
         let lines: Vec<&str> = stderr.lines().collect();
         assert_eq!(lines.len(), 1, "{mode}: stderr was {stderr:?}");
@@ -163,28 +155,6 @@ fn c_extensions_with_stats_and_check() {
     }
 }
 
-/// Compile `source` to an object file only, with exactly `flags`.
-fn compile_only(compiler: &str, flags: &[&str], source: &Path, out: &Path) {
-    let res = Command::new(compiler)
-        .args(flags)
-        .arg("-I")
-        .arg(include_dir())
-        .arg("-I")
-        .arg(c_dir())
-        .arg("-c")
-        .arg(source)
-        .arg("-o")
-        .arg(out)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {compiler}: {e}"));
-    assert!(
-        res.status.success(),
-        "{compiler} {flags:?} -c {} failed:\n{}",
-        source.display(),
-        text(&res.stderr)
-    );
-}
-
 /// `static tl_pool_t p = TL_POOL(struct node);` is a constant initializer
 /// in ISO C (C11 with -pedantic, and C99 without _Alignof), the whole of
 /// extensions.c compiles as strict C11, and TL_POOL compiles (and runs) in
@@ -192,8 +162,8 @@ fn compile_only(compiler: &str, flags: &[&str], source: &Path, out: &Path) {
 #[test]
 fn header_compiles_strictly_in_c_and_cxx() {
     let dir = scratch("extensions_strict");
-    let cc = env::var("CC").unwrap_or_else(|_| "cc".into());
-    let cxx = env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let cc = compiler("CC", "cc");
+    let cxx = compiler("CXX", "c++");
 
     let pool_c = dir.join("pool.c");
     fs::write(
@@ -307,38 +277,8 @@ fn stats_layout_matches_core() {
 /// The new functions are exported by libtlmalloc.so.
 #[test]
 fn extension_symbols_are_exported() {
-    let nm = Command::new("nm")
-        .args(["-D", "--defined-only"])
-        .arg(lib())
-        .output()
-        .expect("nm");
-    assert_success("nm -D", &nm);
-    let listing = text(&nm.stdout);
-    let exported: Vec<&str> = listing
-        .lines()
-        .filter_map(|l| {
-            let mut parts = l.split_whitespace();
-            let (_, kind, name) = (parts.next()?, parts.next()?, parts.next()?);
-            (kind == "T").then_some(name)
-        })
-        .collect();
-    for name in [
-        "tl_malloc_sized",
-        "tl_free_sized",
-        "tl_free_aligned_sized",
-        "free_sized",
-        "free_aligned_sized",
-        "tl_pool_alloc",
-        "tl_pool_free",
-        "tl_heap_new",
-        "tl_heap_malloc",
-        "tl_heap_calloc",
-        "tl_heap_malloc_aligned",
-        "tl_heap_collect",
-        "tl_heap_destroy",
-        "tl_stats",
-        "tl_collect",
-    ] {
-        assert!(exported.contains(&name), "{name} is not exported");
+    let exported = exported_functions();
+    for name in EXTENSION_FUNCTIONS {
+        assert!(exported.iter().any(|e| e == name), "{name} is not exported");
     }
 }

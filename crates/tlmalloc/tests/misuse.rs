@@ -2,38 +2,18 @@
 //! then the process aborts. Each case runs in a child process (this test
 //! binary, re-executed with `TLTEST_MISUSE_CASE` set).
 
-use std::os::unix::process::ExitStatusExt;
-use std::process::Command;
+mod common;
 
 const CASE_VAR: &str = "TLTEST_MISUSE_CASE";
 
 /// Run `case` in a child; return its stderr after checking it aborted.
 fn run_child(test_name: &str, case: &str) -> String {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CASE_VAR, case)
-        .output()
-        .expect("re-run the test binary");
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(
-        out.status.signal(),
-        Some(libc::SIGABRT),
-        "child should abort; stderr: {stderr}"
-    );
-    stderr
+    common::aborted_stderr(&common::run_child(test_name, CASE_VAR, case))
 }
 
 /// The one line tlmalloc wrote, checked for the pointer and the reason.
 fn report_line(stderr: &str, function: &str, reason: &str) -> String {
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with("tlmalloc: "))
-        .unwrap_or_else(|| panic!("no tlmalloc report in: {stderr}"))
-        .to_string();
-    assert!(
-        line.starts_with(&format!("tlmalloc: {function}(0x")),
-        "{line}"
-    );
+    let line = common::report_line(stderr, function);
     assert!(line.ends_with(reason), "{line}");
     line
 }

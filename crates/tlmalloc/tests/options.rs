@@ -13,7 +13,7 @@ static GLOBAL: tlmalloc::TlMalloc = tlmalloc::TlMalloc;
 
 mod common;
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use common::serial;
 use tlmalloc::options::{self, Opt, OptionError, Source};
@@ -48,9 +48,7 @@ fn child() {
 
 /// Run the child with exactly the `TLMALLOC_*` variables of `env`.
 fn run_child(case: &str, env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["child", "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_VAR, case);
+    let mut cmd = common::child_command("child", CHILD_VAR, case);
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("TLMALLOC_") {
             cmd.env_remove(name);

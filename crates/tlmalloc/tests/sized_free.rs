@@ -16,11 +16,8 @@
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout};
-#[cfg(feature = "check")]
-use std::os::unix::process::ExitStatusExt;
-use std::process::{Command, Output};
 
-use common::MIB;
+use common::{malloc, touched, MIB};
 
 const CASE_VAR: &str = "TLTEST_SIZED_FREE_CASE";
 
@@ -29,18 +26,9 @@ fn in_child(case: &str) -> bool {
     std::env::var(CASE_VAR).as_deref() == Ok(case)
 }
 
-/// Re-run test `test_name` of this binary as a child with the case set.
-fn run_child(test_name: &str, case: &str) -> Output {
-    Command::new(std::env::current_exe().unwrap())
-        .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CASE_VAR, case)
-        .output()
-        .expect("re-run the test binary")
-}
-
 /// Run a case that must finish normally in a child.
 fn child_must_pass(test_name: &str, case: &str) {
-    let out = run_child(test_name, case);
+    let out = common::run_child(test_name, CASE_VAR, case);
     assert!(
         out.status.success(),
         "child case {case} failed ({:?}); stderr:\n{}",
@@ -57,31 +45,16 @@ fn child_must_pass(test_name: &str, case: &str) {
 /// Run a case that must abort with a `wrong size` report from `function`.
 #[cfg(feature = "check")]
 fn child_must_abort(test_name: &str, case: &str, function: &str) -> String {
-    let out = run_child(test_name, case);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!out.status.success(), "child should fail; stderr: {stderr}");
-    assert_eq!(
-        out.status.signal(),
-        Some(libc::SIGABRT),
-        "child should abort; stderr: {stderr}"
-    );
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with("tlmalloc: "))
-        .unwrap_or_else(|| panic!("no tlmalloc report in: {stderr}"))
-        .to_string();
+    let out = common::run_child(test_name, CASE_VAR, case);
     assert!(
-        line.starts_with(&format!("tlmalloc: {function}(0x")),
-        "{line}"
+        !out.status.success(),
+        "child should fail; stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
+    let stderr = common::aborted_stderr(&out);
+    let line = common::report_line(&stderr, function);
     assert!(line.contains("wrong size"), "{line}");
     line
-}
-
-fn malloc(size: usize) -> *mut u8 {
-    let p = tlmalloc::malloc(size);
-    assert!(!p.is_null(), "malloc({size}) returned null");
-    p
 }
 
 /// Write a pattern over the first `len` bytes (at most 64 KiB of them:
@@ -100,12 +73,6 @@ fn check(p: *const u8, filled: usize, len: usize, seed: u8, what: &str) {
         let got = unsafe { p.add(i).read() };
         assert_eq!(got, seed.wrapping_add(i as u8), "{what}: byte {i}");
     }
-}
-
-fn touched(len: usize) -> impl Iterator<Item = usize> {
-    let head = len.min(32 * 1024);
-    let tail_start = len.saturating_sub(32 * 1024).max(head);
-    (0..head).chain(tail_start..len)
 }
 
 /// Request sizes covering every class: each size up to 1 KiB, then for

@@ -17,33 +17,12 @@ mod common;
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::MutexGuard;
 use std::thread;
-use std::time::{Duration, Instant};
 
-use common::{malloc, OptRestore, KIB, MIB};
+use common::{malloc, serial_alone, OptRestore, KIB, MIB};
 use tlmalloc::options::{self, Opt};
 use tlmalloc::stats::STATS_VERSION;
 use tlmalloc::Stats;
-
-/// The file's lock, taken once the threads of earlier tests are gone.
-///
-/// The harness runs each test on a thread of its own, which exits after
-/// the test released the lock: its exit destructor (abandoning segments,
-/// retiring its heap) may still run when the next test starts. Waiting
-/// until no other thread heap is alive makes every figure this test reads
-/// its own (nothing else here uses tlmalloc: there is no global allocator,
-/// and every test takes this lock before its first allocation).
-fn serial() -> MutexGuard<'static, ()> {
-    let guard = common::serial();
-    let own = u64::from(tlmalloc::thread_heap_kind() == tlmalloc::HeapKind::Thread);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tlmalloc::stats().thread_heaps > own {
-        assert!(Instant::now() < deadline, "other thread heaps stay alive");
-        thread::sleep(Duration::from_millis(1));
-    }
-    guard
-}
 
 fn free(p: *mut u8) {
     // SAFETY: every caller passes a live block of ours, freed once.
@@ -90,7 +69,7 @@ fn check_sums(s: &Stats) {
 
 #[test]
 fn layout_version_and_classes() {
-    let _g = serial();
+    let _g = serial_alone();
     let s = tlmalloc::stats();
     assert_eq!(s.version, STATS_VERSION);
     assert_eq!(s.counters_enabled, u64::from(cfg!(feature = "stats")));
@@ -119,7 +98,7 @@ fn layout_version_and_classes() {
 
 #[test]
 fn debug_text_and_json() {
-    let _g = serial();
+    let _g = serial_alone();
     // Something in a class and a large block, so both show in the table.
     let small = malloc(3000);
     let large = malloc(MIB);
@@ -236,7 +215,7 @@ fn debug_text_and_json() {
 
 #[test]
 fn large_cache_hits_and_misses_move() {
-    let _g = serial();
+    let _g = serial_alone();
     tlmalloc::collect(); // empty caches: the first request maps
     let before = tlmalloc::stats();
     for _ in 0..100 {
@@ -256,7 +235,7 @@ fn large_cache_hits_and_misses_move() {
 
 #[test]
 fn purges_are_counted() {
-    let _g = serial();
+    let _g = serial_alone();
     let _restore = OptRestore::save(&[Opt::PurgeDelayMs]);
     options::set(Opt::PurgeDelayMs, 0);
     let before = tlmalloc::stats();
@@ -301,7 +280,7 @@ fn purges_are_counted() {
 
 #[test]
 fn os_figures_follow_a_large_block() {
-    let _g = serial();
+    let _g = serial_alone();
     tlmalloc::collect();
     let before = tlmalloc::stats();
     let size = 48 * MIB; // beyond any cached block after collect
@@ -331,7 +310,7 @@ fn os_figures_follow_a_large_block() {
 #[cfg(feature = "stats")]
 #[test]
 fn balanced_workload_leaves_live_bytes_unchanged() {
-    let _g = serial();
+    let _g = serial_alone();
     let sizes = [
         0,
         1,
@@ -389,7 +368,7 @@ fn balanced_workload_leaves_live_bytes_unchanged() {
 #[cfg(feature = "stats")]
 #[test]
 fn class_counters_are_exact() {
-    let _g = serial();
+    let _g = serial_alone();
     let n = 1000;
     let mut live: Vec<*mut u8> = Vec::with_capacity(4 * n);
     let before = tlmalloc::stats();
@@ -429,7 +408,7 @@ fn class_counters_are_exact() {
 #[cfg(feature = "stats")]
 #[test]
 fn exited_threads_counts_are_kept() {
-    let _g = serial();
+    let _g = serial_alone();
     // Rare classes, one per thread (none of them a power of two).
     let sizes = [5632usize, 6656, 7168, 7680];
     let n = 2000u64;
@@ -468,7 +447,7 @@ fn exited_threads_counts_are_kept() {
 #[cfg(feature = "stats")]
 #[test]
 fn blocks_of_exited_threads_freed_here() {
-    let _g = serial();
+    let _g = serial_alone();
     let n = 3000u64;
     let before = tlmalloc::stats();
     let blocks: Vec<usize> = thread::spawn(move || (0..n).map(|_| malloc(6656) as usize).collect())
@@ -489,7 +468,7 @@ fn blocks_of_exited_threads_freed_here() {
 #[cfg(feature = "stats")]
 #[test]
 fn remote_frees_are_counted() {
-    let _g = serial();
+    let _g = serial_alone();
     let n = 5000u64;
     let before = tlmalloc::stats();
     let (tx, rx) = std::sync::mpsc::channel::<Vec<usize>>();
@@ -518,7 +497,7 @@ fn remote_frees_are_counted() {
 #[cfg(feature = "stats")]
 #[test]
 fn large_blocks_are_counted_at_their_usable_size() {
-    let _g = serial();
+    let _g = serial_alone();
     let before = tlmalloc::stats();
     let p = malloc(300_000);
     // SAFETY: a live block.
@@ -599,7 +578,7 @@ fn free_after_thread_death() -> bool {
 #[cfg(feature = "stats")]
 #[test]
 fn frees_after_thread_exit_are_counted() {
-    let _g = serial();
+    let _g = serial_alone();
     free(malloc(16)); // tlmalloc's key exists now
     let before = tlmalloc::stats();
     let dead = free_after_thread_death();
@@ -617,7 +596,7 @@ fn frees_after_thread_exit_are_counted() {
 #[cfg(not(feature = "stats"))]
 #[test]
 fn per_operation_counters_stay_zero_without_the_feature() {
-    let _g = serial();
+    let _g = serial_alone();
     let blocks: Vec<usize> = (0..1000).map(|i| malloc(1 + i * 7) as usize).collect();
     let big = malloc(MIB) as usize;
     thread::spawn(move || {

@@ -13,38 +13,14 @@ mod common;
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::collections::HashSet;
-use std::sync::MutexGuard;
 use std::thread;
-use std::time::{Duration, Instant};
 
-use common::{Rng, KIB, MIB};
+use common::{serial_alone, touched, Rng, KIB, MIB};
 use tlmalloc::Heap;
-
-/// The file's lock, taken once the threads of earlier tests are gone (their
-/// exit destructors may still be running when the lock is released; see
-/// tests/stats.rs).
-fn serial() -> MutexGuard<'static, ()> {
-    let guard = common::serial();
-    let own = u64::from(tlmalloc::thread_heap_kind() == tlmalloc::HeapKind::Thread);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tlmalloc::stats().thread_heaps > own {
-        assert!(Instant::now() < deadline, "other thread heaps stay alive");
-        thread::sleep(Duration::from_millis(1));
-    }
-    guard
-}
 
 /// Whether the per-operation counters are compiled in (`--features stats`).
 fn counting() -> bool {
     tlmalloc::stats().counters_enabled == 1
-}
-
-/// The bytes of a block the pattern covers: all of a small block, the
-/// first and last 32 KiB of a large one (touched, not all made resident).
-fn touched(len: usize) -> impl Iterator<Item = usize> {
-    let head = len.min(32 * KIB);
-    let tail_start = len.saturating_sub(32 * KIB).max(head);
-    (0..head).chain(tail_start..len)
 }
 
 fn fill(p: *mut u8, len: usize, seed: u64) {
@@ -136,7 +112,7 @@ fn mixed_blocks(heap: &Heap, rng: &mut Rng, n: usize, seed0: u64) -> Vec<Block> 
 
 #[test]
 fn mixed_sizes_and_alignments_stay_intact() {
-    let _g = serial();
+    let _g = serial_alone();
     let heap = Heap::new();
     let mut rng = Rng::new(1);
     let mut blocks = mixed_blocks(&heap, &mut rng, 20_000, 0);
@@ -162,7 +138,7 @@ fn mixed_sizes_and_alignments_stay_intact() {
 
 #[test]
 fn destroy_with_live_blocks_returns_everything() {
-    let _g = serial();
+    let _g = serial_alone();
     tlmalloc::collect();
     let before = tlmalloc::stats();
     let heap = Heap::new();
@@ -232,7 +208,7 @@ fn destroy_with_live_blocks_returns_everything() {
 
 #[test]
 fn user_heaps_counts_live_heaps() {
-    let _g = serial();
+    let _g = serial_alone();
     let base = tlmalloc::stats().user_heaps;
     let mut heaps: Vec<Heap> = (0..5).map(|_| Heap::try_new().expect("a heap")).collect();
     heaps.push(Heap::default());
@@ -251,7 +227,7 @@ fn user_heaps_counts_live_heaps() {
 
 #[test]
 fn heaps_are_isolated() {
-    let _g = serial();
+    let _g = serial_alone();
     let a = Heap::new();
     let b = Heap::new();
     let mut rng = Rng::new(3);
@@ -279,7 +255,7 @@ fn heaps_are_isolated() {
 
 #[test]
 fn frees_from_another_thread_come_back() {
-    let _g = serial();
+    let _g = serial_alone();
     let heap = Heap::new();
     let mut rng = Rng::new(4);
     let blocks = mixed_blocks(&heap, &mut rng, 20_000, 0);
@@ -361,7 +337,7 @@ fn frees_from_another_thread_come_back() {
 
 #[test]
 fn heap_moves_to_another_thread() {
-    let _g = serial();
+    let _g = serial_alone();
     const fn assert_send<T: Send>() {}
     assert_send::<Heap>();
     // `Heap` is not `Sync`: `<Heap as NotSync<_>>::CHECK` would be ambiguous.
@@ -407,7 +383,7 @@ fn heap_moves_to_another_thread() {
 
 #[test]
 fn foreign_blocks_freed_through_a_heap() {
-    let _g = serial();
+    let _g = serial_alone();
     let before = tlmalloc::stats();
     let heap = Heap::new();
     let other = Heap::new();
@@ -455,7 +431,7 @@ fn foreign_blocks_freed_through_a_heap() {
 
 #[test]
 fn realloc_keeps_contents() {
-    let _g = serial();
+    let _g = serial_alone();
     let before = tlmalloc::stats();
     let heap = Heap::new();
     for align in [8usize, 16, 64, 4096, 4 * MIB] {
@@ -510,7 +486,7 @@ fn realloc_keeps_contents() {
 
 #[test]
 fn alloc_zeroed_and_malloc() {
-    let _g = serial();
+    let _g = serial_alone();
     let heap = Heap::new();
     for &(size, align) in &[
         (1usize, 1usize),
@@ -563,7 +539,7 @@ fn alloc_zeroed_and_malloc() {
 
 #[test]
 fn many_heaps_on_many_threads() {
-    let _g = serial();
+    let _g = serial_alone();
     let before = tlmalloc::stats();
     let handles: Vec<_> = (0..8u64)
         .map(|t| {

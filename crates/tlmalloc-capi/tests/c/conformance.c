@@ -35,11 +35,6 @@ static volatile size_t v_huge = (size_t)1 << 47; /* the whole user address space
 
 static size_t page;
 
-static int ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), m = strlen(suffix);
-    return n >= m && strcmp(s + n - m, suffix) == 0;
-}
-
 /* The object that defines `addr`, or "?". */
 static const char *object_of(void *addr) {
     Dl_info info;
@@ -58,8 +53,6 @@ static void *sym(const char *name) {
 
 #define TL(name) ((__typeof__(&name))sym(#name))
 
-static int aligned(const void *p, size_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
-
 /* Fill [p, p+n) with a pattern that depends on the offset and `seed`. */
 static void fill(void *p, size_t n, unsigned seed) {
     unsigned char *b = p;
@@ -70,13 +63,6 @@ static int intact(const void *p, size_t n, unsigned seed) {
     const unsigned char *b = p;
     for (size_t i = 0; i < n; i++)
         if (b[i] != (unsigned char)(i * 31 + seed)) return 0;
-    return 1;
-}
-
-static int all_zero(const void *p, size_t n) {
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++)
-        if (b[i] != 0) return 0;
     return 1;
 }
 

@@ -28,12 +28,8 @@ static volatile size_t v_huge = SIZE_MAX / 2;
 static bool from_tlmalloc(void *addr) {
     Dl_info info;
     if (addr == nullptr || dladdr(addr, &info) == 0 || info.dli_fname == nullptr) return false;
-    const char *f = info.dli_fname;
-    size_t n = strlen(f);
-    return n >= 14 && strcmp(f + n - 14, "libtlmalloc.so") == 0;
+    return ends_with(info.dli_fname, "libtlmalloc.so");
 }
-
-static bool aligned(const void *p, size_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0; }
 
 static void test_symbols() {
     static const char *names[] = {

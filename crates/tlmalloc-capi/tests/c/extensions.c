@@ -75,9 +75,7 @@ static int resolves_to_tlmalloc(void (*fn)(void)) {
     memcpy(&addr, &fn, sizeof addr);
     Dl_info info;
     if (dladdr(addr, &info) == 0 || info.dli_fname == NULL) return 0;
-    const char *suffix = "libtlmalloc.so";
-    size_t n = strlen(info.dli_fname), m = strlen(suffix);
-    return n >= m && strcmp(info.dli_fname + n - m, suffix) == 0;
+    return ends_with(info.dli_fname, "libtlmalloc.so");
 }
 
 static void run_thread(void *(*fn)(void *), void *arg) {
@@ -110,18 +108,9 @@ static int intact(const void *p, size_t n, unsigned seed) {
     return 1;
 }
 
-static int all_zero(const void *p, size_t n) {
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++)
-        if (b[i] != 0) return 0;
-    return 1;
-}
-
 /* Sizes the compiler cannot see (it warns about a constant too large). */
 static volatile size_t v_size_max = SIZE_MAX, v_half = SIZE_MAX / 2;
 static volatile size_t v_top_align = (SIZE_MAX >> 1) + 1;
-
-static int aligned_to(const void *p, size_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
 
 /* Four threads alive at once, so glibc's stack cache holds four stacks
  * afterwards: a thread with a fresh stack costs a live DTV block (calloc,
@@ -183,11 +172,11 @@ static void test_sized(void) {
             size_t n = sizes[i], al = aligns[a];
             void *p = tl_malloc_aligned(n, al);
             REQUIRE(p != NULL);
-            CHECK(aligned_to(p, al));
+            CHECK(aligned(p, al));
             tl_free_aligned_sized(p, al, n);
             p = aligned_alloc(al, n);
             REQUIRE(p != NULL);
-            CHECK(aligned_to(p, al));
+            CHECK(aligned(p, al));
             free_aligned_sized(p, al, n);
         }
     }
@@ -260,7 +249,7 @@ static void alloc_nodes(void) {
     for (int i = 0; i < NOBJ; i++) {
         nodes[i] = tl_pool_alloc(&node_pool);
         REQUIRE(nodes[i] != NULL);
-        bad_align += !aligned_to(nodes[i], _Alignof(struct node));
+        bad_align += !aligned(nodes[i], _Alignof(struct node));
         bad_size += tl_usable_size(nodes[i]) != expected;
         node_fill(nodes[i], (uint64_t)i);
     }
@@ -338,7 +327,7 @@ static void test_pools(void) {
     for (int i = 0; i < NOBJ; i++) {
         wides[i] = tl_pool_alloc(&wide_pool);
         REQUIRE(wides[i] != NULL);
-        bad_align += !aligned_to(wides[i], 64);
+        bad_align += !aligned(wides[i], 64);
         wide_fill(wides[i], (unsigned)i);
     }
     CHECK(bad_align == 0);
@@ -427,13 +416,13 @@ static void heap_alloc_block(tl_heap_t *h, int i, unsigned seed) {
         size_t a = aligns[(i / 4) % 5];
         p = tl_heap_malloc_aligned(h, n, a);
         REQUIRE(p != NULL);
-        if (!aligned_to(p, a)) check_failed++;
+        if (!aligned(p, a)) check_failed++;
         break;
     }
     default:
         p = tl_heap_malloc(h, n);
         REQUIRE(p != NULL);
-        if (n >= 16 && !aligned_to(p, 16)) check_failed++;
+        if (n >= 16 && !aligned(p, 16)) check_failed++;
     }
     if (tl_usable_size(p) < n) check_failed++;
     fill(p, n, seed + (unsigned)i);

@@ -11,6 +11,7 @@
 
 use std::env;
 use std::fs;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -123,8 +124,32 @@ pub fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-fn compiler(var: &str, default: &str) -> String {
+/// The compiler named by `var` (CC, CXX), or `default`.
+pub fn compiler(var: &str, default: &str) -> String {
     env::var(var).unwrap_or_else(|_| default.to_string())
+}
+
+/// `cc flags… -I include/ -I tests/c`.
+fn compiler_command(cc: &str, flags: &[&str]) -> Command {
+    let mut cmd = Command::new(cc);
+    cmd.args(flags)
+        .arg("-I")
+        .arg(include_dir())
+        .arg("-I")
+        .arg(c_dir());
+    cmd
+}
+
+/// Run a compiler command; fail with its stderr as `what failed`.
+fn run_compiler(cc: &str, cmd: &mut Command, what: &str) {
+    let res = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cc}: {e}"));
+    assert!(
+        res.status.success(),
+        "{what} failed:\n{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
 }
 
 /// Compile C (`lang` "c") or C++ ("c++") sources from tests/c into `out`,
@@ -135,19 +160,17 @@ pub fn compile(lang: &str, sources: &[&str], out: &Path, extra: &[&str]) {
     } else {
         (compiler("CC", "cc"), "-std=gnu11")
     };
-    let mut cmd = Command::new(&cc);
-    cmd.args([
-        std,
-        "-O0",
-        "-fno-builtin",
-        "-g",
-        "-Wall",
-        "-Wno-alloc-size-larger-than",
-    ])
-    .arg("-I")
-    .arg(include_dir())
-    .arg("-I")
-    .arg(c_dir());
+    let mut cmd = compiler_command(
+        &cc,
+        &[
+            std,
+            "-O0",
+            "-fno-builtin",
+            "-g",
+            "-Wall",
+            "-Wno-alloc-size-larger-than",
+        ],
+    );
     for s in sources {
         let p = Path::new(s);
         if p.is_absolute() {
@@ -160,13 +183,17 @@ pub fn compile(lang: &str, sources: &[&str], out: &Path, extra: &[&str]) {
         .arg(out)
         .args(extra)
         .args(["-ldl", "-lpthread"]);
-    let res = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cc}: {e}"));
-    assert!(
-        res.status.success(),
-        "compiling {sources:?} failed:\n{}",
-        String::from_utf8_lossy(&res.stderr)
+    run_compiler(&cc, &mut cmd, &format!("compiling {sources:?}"));
+}
+
+/// Compile `source` to an object file only, with exactly `flags`.
+pub fn compile_only(cc: &str, flags: &[&str], source: &Path, out: &Path) {
+    let mut cmd = compiler_command(cc, flags);
+    cmd.arg("-c").arg(source).arg("-o").arg(out);
+    run_compiler(
+        cc,
+        &mut cmd,
+        &format!("{cc} {flags:?} -c {}", source.display()),
     );
 }
 
@@ -297,6 +324,61 @@ pub fn assert_active(stderr: &str, program: &str) {
         tail(stderr, 2000)
     );
 }
+
+/// The signal number of SIGABRT.
+pub const SIGABRT: i32 = 6;
+
+/// The stdout and stderr of a program that must have been killed by
+/// SIGABRT (`what` names the run in the failure).
+pub fn aborted(what: &str, out: &Output) -> (String, String) {
+    let stdout = text(&out.stdout);
+    let stderr = text(&out.stderr);
+    assert_eq!(
+        out.status.signal(),
+        Some(SIGABRT),
+        "{what}: expected SIGABRT, got {}; stdout {stdout} stderr {stderr}",
+        out.status
+    );
+    (stdout, stderr)
+}
+
+/// The functions libtlmalloc.so exports (`nm -D --defined-only`, kind T).
+pub fn exported_functions() -> Vec<String> {
+    let nm = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(lib())
+        .output()
+        .expect("nm");
+    assert_success("nm -D", &nm);
+    text(&nm.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut parts = l.split_whitespace();
+            let (_, kind, name) = (parts.next()?, parts.next()?, parts.next()?);
+            (kind == "T").then(|| name.to_string())
+        })
+        .collect()
+}
+
+/// The tl_ extensions of include/tlmalloc.h (sized frees, pools, heaps,
+/// stats, collect) and the C23 sized frees, as exported functions.
+pub const EXTENSION_FUNCTIONS: [&str; 15] = [
+    "tl_malloc_sized",
+    "tl_free_sized",
+    "tl_free_aligned_sized",
+    "free_sized",
+    "free_aligned_sized",
+    "tl_pool_alloc",
+    "tl_pool_free",
+    "tl_heap_new",
+    "tl_heap_malloc",
+    "tl_heap_calloc",
+    "tl_heap_malloc_aligned",
+    "tl_heap_collect",
+    "tl_heap_destroy",
+    "tl_stats",
+    "tl_collect",
+];
 
 /// Whether `program` can be run (found on PATH).
 pub fn have(program: &str) -> bool {

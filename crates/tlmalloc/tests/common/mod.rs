@@ -1,12 +1,16 @@
 //! Helpers shared by the integration tests: sizes, RSS readings, a small
-//! PRNG, a per-binary test lock and option guards.
+//! PRNG, a per-binary test lock, option guards and child processes.
 //!
 //! Each test binary includes this module with `mod common;` and uses a
 //! subset of it, hence the `dead_code` allowance.
 
 #![allow(dead_code)]
 
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
 
 use tlmalloc::options::{self, Opt};
 
@@ -62,6 +66,15 @@ pub fn malloc(size: usize) -> *mut u8 {
     p
 }
 
+/// The offsets of a block of `len` bytes a test pattern covers: all of a
+/// small block, the first and last 32 KiB of a large one (touched, not all
+/// made resident).
+pub fn touched(len: usize) -> impl Iterator<Item = usize> {
+    let head = len.min(32 * KIB);
+    let tail_start = len.saturating_sub(32 * KIB).max(head);
+    (0..head).chain(tail_start..len)
+}
+
 /// xorshift64* — deterministic, tiny, good enough for test input.
 pub struct Rng(pub u64);
 
@@ -102,6 +115,25 @@ pub fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The file's lock, taken once the threads of earlier tests are gone.
+///
+/// The harness runs each test on a thread of its own, which exits after
+/// the test released the lock: its exit destructor (abandoning segments,
+/// retiring its heap) may still run when the next test starts. Waiting
+/// until no other thread heap is alive makes every figure the test reads
+/// its own, in a binary where nothing else uses tlmalloc (no global
+/// allocator, and every test takes this lock before its first allocation).
+pub fn serial_alone() -> MutexGuard<'static, ()> {
+    let guard = serial();
+    let own = u64::from(tlmalloc::thread_heap_kind() == tlmalloc::HeapKind::Thread);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tlmalloc::stats().thread_heaps > own {
+        assert!(Instant::now() < deadline, "other thread heaps stay alive");
+        thread::sleep(Duration::from_millis(1));
+    }
+    guard
+}
+
 /// Restores the options it saved when dropped (also on a failed assertion).
 pub struct OptRestore(Vec<(Opt, usize)>);
 
@@ -117,4 +149,46 @@ impl Drop for OptRestore {
             options::set(o, v);
         }
     }
+}
+
+/// A command that re-runs test `test_name` of this binary alone, with `var`
+/// set to `case`: the test does the case's work when it sees it.
+pub fn child_command(test_name: &str, var: &str, case: &str) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(var, case);
+    cmd
+}
+
+/// [`child_command`] run to completion.
+pub fn run_child(test_name: &str, var: &str, case: &str) -> Output {
+    child_command(test_name, var, case)
+        .output()
+        .expect("re-run the test binary")
+}
+
+/// The stderr of a child, after checking that it aborted.
+pub fn aborted_stderr(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGABRT),
+        "child should abort; stderr: {stderr}"
+    );
+    stderr
+}
+
+/// The one line tlmalloc wrote in `stderr`, checked to name `function` and
+/// the pointer.
+pub fn report_line(stderr: &str, function: &str) -> String {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("tlmalloc: "))
+        .unwrap_or_else(|| panic!("no tlmalloc report in: {stderr}"))
+        .to_string();
+    assert!(
+        line.starts_with(&format!("tlmalloc: {function}(0x")),
+        "{line}"
+    );
+    line
 }
