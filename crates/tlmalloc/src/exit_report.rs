@@ -3,12 +3,13 @@
 //! `%p` in the path becomes the pid).
 //!
 //! Set up once, at the process's first heap ([`prepare`], also called by
-//! the C library's constructor so that it happens before `main`): if this
-//! process is to print, it keeps a close-on-exec duplicate of standard
-//! error, because many programs close fd 2 before they exit (GNU
-//! coreutils' `close_stdout`), and registers [`run`] with `atexit`. `run`
-//! writes to that duplicate if it still is the file fd 2 was at start-up,
-//! else to fd 2 if open. A program that ends with `_exit` prints nothing.
+//! the C library's constructor so that it happens before `main`): it
+//! registers [`run`] with `atexit` (which decides at exit, so an option set
+//! at run time counts), and if this process is to print, it keeps a
+//! close-on-exec duplicate of standard error, because many programs close
+//! fd 2 before they exit (GNU coreutils' `close_stdout`). `run` writes to
+//! that duplicate if it still is the file fd 2 was at start-up, else to
+//! fd 2 if open. A program that ends with `_exit` prints nothing.
 //!
 //! Everything is formatted through a fixed stack buffer: nothing here
 //! allocates, so it can run at any point of exit.
@@ -34,13 +35,9 @@ pub fn prepare() {
     if PREPARED.swap(true, Ordering::AcqRel) {
         return;
     }
-    let show = options::show_stats_here();
-    let mut buf = [0u8; STATS_JSON_PATH_MAX];
-    let json = options::stats_json_path(&mut buf).is_some();
-    if !show && !json {
-        return;
-    }
-    if show {
+    // Registered whatever the options say now: `tl_option_set` or
+    // `options::set` may turn the report on later (`run` decides at exit).
+    if options::show_stats_here() {
         if let Some((fd, (dev, ino))) = os::dup_stderr() {
             SAVED_DEV.store(dev as usize, Ordering::Relaxed);
             SAVED_INO.store(ino as usize, Ordering::Relaxed);
@@ -55,14 +52,19 @@ pub extern "C" fn run() {
     if DONE.swap(true, Ordering::AcqRel) {
         return;
     }
+    let show = options::show_stats_here();
+    let mut buf = [0u8; STATS_JSON_PATH_MAX];
+    let json = options::stats_json_path(&mut buf);
+    if !show && json.is_none() {
+        return;
+    }
     let stats = crate::stats::stats();
-    if options::show_stats_here() {
+    if show {
         if let Some(fd) = report_fd() {
             write_table(fd, &stats);
         }
     }
-    let mut buf = [0u8; STATS_JSON_PATH_MAX];
-    if let Some(path) = options::stats_json_path(&mut buf) {
+    if let Some(path) = json {
         let mut expanded = [0u8; STATS_JSON_PATH_MAX + 16];
         if let Some(path) = expand_pid(path.to_bytes(), &mut expanded) {
             if let Some(fd) = os::create_file(path) {

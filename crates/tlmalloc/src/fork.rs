@@ -8,11 +8,12 @@
 //! 4. `arena::CACHE` (nests nothing)
 //! 5. `heap::HEAPS` (the registry of live heaps, for statistics; nests nothing)
 //!
-//! A `tlmalloc::Heap`'s own lock (its large blocks) is not taken here: a
-//! child that frees a large block of a user heap while another parent
-//! thread was freeing one of the same heap at the fork would wait forever.
-//! User heaps are single-user objects; forking while another thread uses
-//! one is the caller's race.
+//! 6. each `tlmalloc::Heap`'s `owned_large` (its large blocks, which any
+//!    thread may free; nests nothing), taken by walking the registry
+//!    while `HEAPS` is held
+//!
+//! The child also drops the parent's other threads' heaps from the
+//! registry: those threads do not exist in the child.
 //!
 //! A thread in the middle of a lock-free operation is not a problem: the
 //! child has only the forking thread, and a half-finished CAS push by a
@@ -31,11 +32,13 @@ unsafe extern "C" fn prepare() {
     heap_pool::POOL.acquire();
     arena::CACHE.acquire();
     heap::HEAPS.acquire();
+    heap::fork_lock_user_heaps(true);
 }
 
 unsafe extern "C" fn parent() {
     // SAFETY: `prepare` took each lock on this thread, guard-less.
     unsafe {
+        heap::fork_lock_user_heaps(false);
         heap::HEAPS.release();
         arena::CACHE.release();
         heap_pool::POOL.release();
@@ -47,6 +50,7 @@ unsafe extern "C" fn parent() {
 unsafe extern "C" fn child() {
     // SAFETY: the child has one thread, this one, which took every lock in `prepare`.
     unsafe {
+        heap::fork_child_registry();
         heap::HEAPS.force_unlock();
         arena::CACHE.force_unlock();
         heap_pool::POOL.force_unlock();

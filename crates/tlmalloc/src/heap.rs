@@ -378,14 +378,15 @@ unsafe fn free_slow(segment: *mut Segment, p: *mut u8) {
 }
 
 /// Count a free of a `class` block owned by another heap, in the calling
-/// thread's heap (giving a thread that never allocated a heap now, so a
-/// consumer thread's frees stay off shared counters).
+/// thread's heap, or in the shared retired totals for a thread without one
+/// (a free never sets a heap up: that would take locks inside `free`, and
+/// a heap made during the last thread-exit pass would never be handed back).
 #[inline]
 fn count_remote_free(class: usize) {
     if !cfg!(feature = "stats") {
         return;
     }
-    let heap = thread_heap_or_init();
+    let heap = os::thread_heap();
     // SAFETY: `heap` is this thread's heap or a static heap (never written).
     unsafe {
         if (*heap).kind == HeapKind::Thread {
@@ -1207,11 +1208,18 @@ unsafe fn registry_remove(heap: *mut ThreadHeap) {
     }
 }
 
-/// Call `f` on the counters of every live heap (and the process heap);
-/// returns how many thread heaps and user heaps are alive.
-pub(crate) fn for_each_heap_counters(mut f: impl FnMut(&HeapCounters)) -> (usize, usize) {
+/// Call `retired()` and then `f` on the counters of every live heap, all
+/// under the registry's lock (so a heap retiring meanwhile is counted
+/// exactly once: before, in the registry, or after, in the retired
+/// totals), then `f` on the process heap's; returns how many thread heaps
+/// and user heaps are alive.
+pub(crate) fn for_each_heap_counters(
+    retired: impl FnOnce(),
+    mut f: impl FnMut(&HeapCounters),
+) -> (usize, usize) {
     let alive = {
         let r = HEAPS.lock();
+        retired();
         let mut heap = r.first;
         while !heap.is_null() {
             // SAFETY: registered heaps stay live while the lock is held
@@ -1239,9 +1247,70 @@ pub(crate) fn user_heap_new() -> *mut ThreadHeap {
     }
     // SAFETY: a heap from the pool is unused memory of the right size.
     unsafe { ptr::write(heap, ThreadHeap::new(HeapKind::User)) };
+    // Process set-up (which may re-enter malloc: `atexit`, `pthread_atfork`)
+    // must run with a thread heap installed, as it does from a first malloc.
+    thread_heap_or_init();
     ensure_process_init();
     registry_add(heap);
     heap
+}
+
+/// Fork `prepare`, after `HEAPS`: take every user heap's large-block lock
+/// (any thread may be freeing a large block of one). Nest nothing.
+pub(crate) fn fork_lock_user_heaps(lock: bool) {
+    // SAFETY: the caller holds `HEAPS` (taken by `prepare` with
+    // `acquire`), so the registry is stable and its heaps live.
+    let mut heap = unsafe { (*HEAPS.data_ptr()).first };
+    while !heap.is_null() {
+        // SAFETY: as above.
+        unsafe {
+            if (*heap).kind == HeapKind::User {
+                if lock {
+                    (*heap).owned_large.acquire();
+                } else {
+                    (*heap).owned_large.release();
+                }
+            }
+            heap = (*heap).registry_next;
+        }
+    }
+}
+
+/// Fork child, with every lock still held by this (the only) thread: free
+/// the user heaps' large-block locks, and drop the heaps of the parent's
+/// other threads from the registry (they will never run again; their
+/// counts move to the retired totals).
+///
+/// # Safety
+/// Only from the fork child handler, before `HEAPS` is unlocked.
+pub(crate) unsafe fn fork_child_registry() {
+    let me = os::thread_heap();
+    // SAFETY: the child has one thread, which holds `HEAPS`.
+    unsafe {
+        let r = &mut *HEAPS.data_ptr();
+        let mut heap = r.first;
+        while !heap.is_null() {
+            let next = (*heap).registry_next;
+            match (*heap).kind {
+                HeapKind::User => (*heap).owned_large.force_unlock(),
+                HeapKind::Thread if heap != me => {
+                    (*heap).counters.retire();
+                    let prev = (*heap).registry_prev;
+                    if prev.is_null() {
+                        r.first = next;
+                    } else {
+                        (*prev).registry_next = next;
+                    }
+                    if !next.is_null() {
+                        (*next).registry_prev = prev;
+                    }
+                    r.threads -= 1;
+                }
+                _ => {}
+            }
+            heap = next;
+        }
+    }
 }
 
 /// Allocate `size` bytes aligned to `align` (a power of two) from a user

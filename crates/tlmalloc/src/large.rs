@@ -302,11 +302,15 @@ pub unsafe fn large_grow(segment: *mut Segment, usable: usize) -> *mut Segment {
         if target.is_null() {
             return ptr::null_mut();
         }
+        // The old range is free the moment the pages move: unmark it first,
+        // or another thread may map a segment there and have its map entry
+        // overwritten by ours (its frees would then be "foreign").
+        segment_map::set_chunk(segment.cast(), CHUNK_FOREIGN);
         if !os::move_mapping(segment.cast(), old_size, target, new_size) {
+            segment_map::set_chunk(segment.cast(), CHUNK_SEGMENT);
             os::unmap(target, new_size);
             return ptr::null_mut();
         }
-        segment_map::set_chunk(segment.cast(), CHUNK_FOREIGN);
         let moved = target.cast::<Segment>();
         (*moved).map_base = target;
         (*moved).map_size = new_size;

@@ -309,6 +309,20 @@ struct Totals {
 }
 
 impl Totals {
+    /// Add `other` to these sums.
+    fn add(&mut self, other: &Totals) {
+        for class in 0..CLASS_COUNT {
+            self.class_allocs[class] += other.class_allocs[class];
+            self.class_frees[class] += other.class_frees[class];
+        }
+        self.large_allocs += other.large_allocs;
+        self.large_frees += other.large_frees;
+        self.large_bytes_allocated += other.large_bytes_allocated;
+        self.large_bytes_freed += other.large_bytes_freed;
+        self.remote_frees += other.remote_frees;
+        self.large_local_hits += other.large_local_hits;
+    }
+
     const ZERO: Totals = Totals {
         class_allocs: [0; CLASS_COUNT],
         class_frees: [0; CLASS_COUNT],
@@ -538,8 +552,10 @@ stats_fields! {
 /// Read every statistic, merged over all threads, without allocating.
 pub fn stats() -> Stats {
     let mut t = Totals::ZERO;
-    RETIRED.sum_into(&mut t);
-    let (thread_heaps, user_heaps) = crate::heap::for_each_heap_counters(|c| c.sum_into(&mut t));
+    let mut live = Totals::ZERO;
+    let (thread_heaps, user_heaps) =
+        crate::heap::for_each_heap_counters(|| RETIRED.sum_into(&mut t), |c| c.sum_into(&mut live));
+    t.add(&live);
     let os = os_stats();
     let mut s = Stats::ZERO;
     let mut live = 0usize;

@@ -77,6 +77,12 @@ impl<T> SpinLock<T> {
         SpinGuard { lock: self }
     }
 
+    /// The protected value, for a caller that holds the lock without a
+    /// guard (the fork handlers, between `acquire` and `release`).
+    pub fn data_ptr(&self) -> *mut T {
+        self.value.get()
+    }
+
     /// Take the lock without a guard (the fork handlers hold it across a call).
     pub fn acquire(&self) {
         let mut round = 0;

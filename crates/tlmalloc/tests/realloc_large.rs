@@ -275,3 +275,80 @@ fn grown_block_is_released_after_free() {
         "a grown-then-freed block was not given back: {start} -> {end}"
     );
 }
+
+/// A tiny xorshift generator (deterministic per thread).
+fn next(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
+/// Threads growing large blocks with `mremap` while others map segments:
+/// the range a moved block leaves is unmarked in the segment map before
+/// the move, so a segment another thread maps there at once keeps its
+/// entry (a stale write used to make that thread's next free "foreign"
+/// and abort).
+#[test]
+fn moving_large_blocks_while_other_threads_map() {
+    let _g = serial();
+    let workers: Vec<_> = (0..4u64)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut s = t * 7919 + 1;
+                let mut live: Vec<(usize, usize)> = Vec::new();
+                for i in 0..40_000 {
+                    let r = next(&mut s);
+                    if r % 3 != 0 || live.is_empty() {
+                        let size = match r % 7 {
+                            0 => 200 * KIB,
+                            1 => 3 * MIB,
+                            2 => 10 * MIB,
+                            3 => 70_000,
+                            _ => (r as usize >> 8) % 4000 + 1,
+                        };
+                        let p = if r % 11 == 0 {
+                            tlmalloc::malloc_aligned(size, 1 << (12 + (r as usize >> 20) % 12))
+                        } else {
+                            tlmalloc::malloc(size)
+                        };
+                        assert!(!p.is_null());
+                        // SAFETY: a fresh block of at least `size` bytes.
+                        unsafe { std::ptr::write_bytes(p, 1, size.min(8192)) };
+                        live.push((p as usize, size));
+                    } else {
+                        let (p, size) = live.swap_remove((r as usize >> 16) % live.len());
+                        if r % 5 == 0 {
+                            // SAFETY: a live block of ours.
+                            let q = unsafe { tlmalloc::realloc(p as *mut u8, size * 2 + 1) };
+                            assert!(!q.is_null());
+                            live.push((q as usize, size * 2 + 1));
+                        } else {
+                            // SAFETY: a live block of ours, freed once.
+                            unsafe { tlmalloc::free(p as *mut u8) };
+                        }
+                    }
+                    if live.len() > 300 {
+                        for (p, _) in live.drain(..200) {
+                            // SAFETY: live blocks of ours, freed once.
+                            unsafe { tlmalloc::free(p as *mut u8) };
+                        }
+                    }
+                    if i % 1000 == 0 {
+                        std::thread::sleep(std::time::Duration::from_millis(2));
+                    }
+                }
+                live
+            })
+        })
+        .collect();
+    let mut left = Vec::new();
+    for w in workers {
+        left.extend(w.join().unwrap());
+    }
+    // Freed by another thread: every block's chunk must still say "segment".
+    for (p, _) in left {
+        // SAFETY: live blocks of ours, freed once.
+        unsafe { tlmalloc::free(p as *mut u8) };
+    }
+}

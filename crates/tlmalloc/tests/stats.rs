@@ -632,3 +632,48 @@ fn per_operation_counters_stay_zero_without_the_feature() {
     );
     assert!(classes_moved.is_empty(), "{classes_moved:?}");
 }
+
+/// Totals never go back while heaps retire: a heap whose thread exits (or
+/// that is destroyed) during a read is counted exactly once, because the
+/// retired totals are read under the same lock as the registry.
+#[cfg(feature = "stats")]
+#[test]
+fn totals_never_go_back_while_heaps_retire() {
+    let _g = serial_alone();
+    static STOP: AtomicBool = AtomicBool::new(false);
+    STOP.store(false, Ordering::Relaxed);
+    let churners: Vec<_> = (0..3)
+        .map(|_| {
+            thread::spawn(|| {
+                while !STOP.load(Ordering::Relaxed) {
+                    thread::spawn(|| {
+                        for _ in 0..1000 {
+                            std::hint::black_box(tlmalloc::malloc(32));
+                        }
+                    })
+                    .join()
+                    .unwrap();
+                    let heap = tlmalloc::Heap::new();
+                    for _ in 0..1000 {
+                        std::hint::black_box(heap.malloc(48));
+                    }
+                    drop(heap);
+                }
+            })
+        })
+        .collect();
+    let mut last = 0u64;
+    let mut reads = 0u64;
+    let start = std::time::Instant::now();
+    while start.elapsed().as_millis() < 1500 {
+        let allocs = tlmalloc::stats().allocs;
+        assert!(allocs >= last, "allocs went back: {last} -> {allocs}");
+        last = allocs;
+        reads += 1;
+    }
+    STOP.store(true, Ordering::Relaxed);
+    for c in churners {
+        c.join().unwrap();
+    }
+    assert!(reads > 100, "only {reads} reads");
+}
