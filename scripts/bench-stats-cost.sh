@@ -13,18 +13,20 @@ CARGO_TARGET_DIR=$base/bench-nostats cargo build -q --release -p tlmalloc-bench 
 CARGO_TARGET_DIR=$base/bench-stats cargo build -q --release -p tlmalloc-bench --bin bench-tlmalloc --features stats
 off=$base/bench-nostats/release/bench-tlmalloc
 on=$base/bench-stats/release/bench-tlmalloc
-ns() { "$1" "$2" "$3" "$4" ${5:+"$5"} | sed -n 's/.*ns_per_op=\([0-9.]*\).*/\1/p'; }
+ns() { "$@" | sed -n 's/.*ns_per_op=\([0-9.]*\).*/\1/p'; }
 median() { sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 echo "| mode | size | without counters (ns/pair) | with counters | with / without |"
 echo "|---|---:|---:|---:|---:|"
 for mode in loop batch; do
   for size in 16 64 256 1024; do
     a=(); b=()
-    for _ in $(seq "$runs"); do
-      if [ "$mode" = loop ]; then
-        a+=("$(ns "$off" loop "$size" "$iters")"); b+=("$(ns "$on" loop "$size" "$iters")")
+    for run in $(seq "$runs"); do
+      if [ "$mode" = loop ]; then args=(loop "$size" "$iters"); else args=(batch "$size" 1000 $((iters / 1000))); fi
+      # Alternate which build goes first, so neither always runs warm.
+      if [ $((run % 2)) = 1 ]; then
+        a+=("$(ns "$off" "${args[@]}")"); b+=("$(ns "$on" "${args[@]}")")
       else
-        a+=("$(ns "$off" batch "$size" 1000 $((iters / 1000)))"); b+=("$(ns "$on" batch "$size" 1000 $((iters / 1000)))")
+        b+=("$(ns "$on" "${args[@]}")"); a+=("$(ns "$off" "${args[@]}")")
       fi
     done
     ma=$(printf '%s\n' "${a[@]}" | median); mb=$(printf '%s\n' "${b[@]}" | median)

@@ -492,7 +492,8 @@ stats_fields! {
     /// 1 when the per-operation counters are compiled in (cargo feature
     /// `stats`), else 0: then `allocs`, `frees`, `live_bytes`, the large
     /// block counts, `remote_frees` and `classes` stay 0. They cost 4
-    /// instructions per malloc/free pair, about 10 % of a 64-byte pair.
+    /// instructions per malloc/free pair, 1.14× its time typically
+    /// (`scripts/bench-stats-cost.sh`).
     counters_enabled: "per-op counters",
     /// Blocks handed out, all sizes (`Σ classes.allocs + large_allocs`).
     allocs: "allocations",
