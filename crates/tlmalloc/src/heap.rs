@@ -495,7 +495,7 @@ pub fn large_alloc(size: usize, align: usize, zero: bool) -> *mut u8 {
                 purge::tick(heap);
                 segment = (*heap).local_large.take(usable);
                 if !segment.is_null() {
-                    (*heap).counters.large_local_hits.bump_always();
+                    (*heap).counters.large_local_hits.bump();
                 }
             }
         }

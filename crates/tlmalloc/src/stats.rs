@@ -177,18 +177,24 @@ pub fn large_cache_stats() -> LargeCacheStats {
 // Per-heap counters
 // ---------------------------------------------------------------------------
 
-/// One event counter of a heap.
+/// One per-operation counter of a heap: zero-sized, and every update a
+/// no-op, without the `stats` feature (so a heap is no larger for it).
 ///
 /// Invariant: only the heap's owner writes it (a thread heap's thread, the
 /// process heap's lock holder, a user heap's current user), so a relaxed
 /// load and store never lose an update; any thread may read it.
-#[repr(transparent)]
-pub struct Counter(AtomicUsize);
+pub struct Counter {
+    #[cfg(feature = "stats")]
+    value: AtomicUsize,
+}
 
 impl Counter {
     /// A zero counter.
     pub const fn new() -> Self {
-        Counter(AtomicUsize::new(0))
+        Counter {
+            #[cfg(feature = "stats")]
+            value: AtomicUsize::new(0),
+        }
     }
 
     /// Count one event (owner only). Compiles to one `inc` on memory.
@@ -201,19 +207,38 @@ impl Counter {
     #[inline(always)]
     pub fn add(&self, n: usize) {
         #[cfg(feature = "stats")]
-        self.0.store(
-            self.0.load(Ordering::Relaxed).wrapping_add(n),
+        self.value.store(
+            self.value.load(Ordering::Relaxed).wrapping_add(n),
             Ordering::Relaxed,
         );
         #[cfg(not(feature = "stats"))]
         let _ = n;
     }
 
-    /// Count one event whatever the features (slow-path counters that the
-    /// OS-level figures need, such as large blocks served from a thread's
-    /// own cache).
+    /// The current value (any thread); 0 without the `stats` feature.
     #[inline]
-    pub fn bump_always(&self) {
+    pub fn get(&self) -> usize {
+        #[cfg(feature = "stats")]
+        return self.value.load(Ordering::Relaxed);
+        #[cfg(not(feature = "stats"))]
+        0
+    }
+}
+
+/// A slow-path counter of a heap that the OS-level figures need whatever
+/// the features (large blocks served from a thread's own cache). Same
+/// ownership rule as [`Counter`].
+pub struct EventCounter(AtomicUsize);
+
+impl EventCounter {
+    /// A zero counter.
+    pub const fn new() -> Self {
+        EventCounter(AtomicUsize::new(0))
+    }
+
+    /// Count one event (owner only).
+    #[inline]
+    pub fn bump(&self) {
         self.0.store(
             self.0.load(Ordering::Relaxed).wrapping_add(1),
             Ordering::Relaxed,
@@ -249,7 +274,7 @@ pub struct HeapCounters {
     /// Frees of blocks another heap owns.
     pub remote_frees: Counter,
     /// Large blocks served from this thread's own cache level.
-    pub large_local_hits: Counter,
+    pub large_local_hits: EventCounter,
 }
 
 impl HeapCounters {
@@ -264,7 +289,7 @@ impl HeapCounters {
             large_bytes_allocated: Counter::new(),
             large_bytes_freed: Counter::new(),
             remote_frees: Counter::new(),
-            large_local_hits: Counter::new(),
+            large_local_hits: EventCounter::new(),
         }
     }
 
