@@ -897,6 +897,38 @@ unsafe fn queue_remove(heap: *mut ThreadHeap, page: *mut Page) {
     }
 }
 
+/// Take the first page off the queue of `class`, if any.
+///
+/// # Safety
+/// The calling thread owns `heap`.
+unsafe fn unqueue_first(heap: *mut ThreadHeap, class: usize) -> Option<*mut Page> {
+    // SAFETY: owner access (caller contract); the first page is queued.
+    unsafe {
+        let page = (*heap).queues[class].first;
+        if page.is_null() {
+            return None;
+        }
+        queue_remove(heap, page);
+        Some(page)
+    }
+}
+
+/// Take the first segment off segment list `list`, if any.
+///
+/// # Safety
+/// The calling thread owns `heap`.
+unsafe fn unlist_first(heap: *mut ThreadHeap, list: usize) -> Option<*mut Segment> {
+    // SAFETY: owner access (caller contract); the first segment is on `list`.
+    unsafe {
+        let segment = (*heap).segments[list].first;
+        if segment.is_null() {
+            return None;
+        }
+        segment_list_remove(heap, segment);
+        Some(segment)
+    }
+}
+
 unsafe fn segment_list_push(heap: *mut ThreadHeap, segment: *mut Segment, list: u8) {
     // SAFETY: owner access; `segment` is on no list.
     unsafe {
@@ -1009,12 +1041,7 @@ unsafe fn abandon_heap(heap: *mut ThreadHeap) {
             true
         });
         for class in 0..CLASS_COUNT {
-            loop {
-                let page = (*heap).queues[class].first;
-                if page.is_null() {
-                    break;
-                }
-                queue_remove(heap, page);
+            while let Some(page) = unqueue_first(heap, class) {
                 (*page).collect_remote();
                 if (*page).is_unused() {
                     release_page(heap, page);
@@ -1022,12 +1049,7 @@ unsafe fn abandon_heap(heap: *mut ThreadHeap) {
             }
         }
         for list in 0..LIST_COUNT {
-            loop {
-                let segment = (*heap).segments[list].first;
-                if segment.is_null() {
-                    break;
-                }
-                segment_list_remove(heap, segment);
+            while let Some(segment) = unlist_first(heap, list) {
                 ABANDONED.abandon(segment);
                 stats::record_abandoned();
             }
@@ -1456,21 +1478,10 @@ pub(crate) unsafe fn user_heap_destroy(heap: *mut ThreadHeap) {
         // Unqueue every page first: that drops the pins, so `used` is
         // then the page's live blocks (after collecting remote frees).
         for class in 0..CLASS_COUNT {
-            loop {
-                let page = (*heap).queues[class].first;
-                if page.is_null() {
-                    break;
-                }
-                queue_remove(heap, page);
-            }
+            while unqueue_first(heap, class).is_some() {}
         }
         for list in 0..LIST_COUNT {
-            loop {
-                let segment = (*heap).segments[list].first;
-                if segment.is_null() {
-                    break;
-                }
-                segment_list_remove(heap, segment);
+            while let Some(segment) = unlist_first(heap, list) {
                 for index in 0..(*segment).kind.page_count() {
                     let page = &mut (*segment).pages[index];
                     if !page.in_use {
