@@ -6,7 +6,7 @@
 //! - **per-heap counters** ([`HeapCounters`]) for allocations and frees:
 //!   written only by the heap's owner with a relaxed load and store (one
 //!   `inc` on memory on x86-64, no `lock` prefix, no shared cache line),
-//!   read by any thread. A heap's counters are folded into [`RETIRED`] when
+//!   read by any thread. A heap's counters are folded into the retired totals (`RETIRED`) when
 //!   its thread exits or the heap is destroyed, so totals never go back.
 //!
 //! [`stats`] merges the retired totals, every live heap's counters (under
