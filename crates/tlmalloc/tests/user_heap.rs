@@ -582,3 +582,63 @@ fn many_heaps_on_many_threads() {
         assert_eq!(after.live_bytes, before.live_bytes);
     }
 }
+
+/// A fork while another thread frees large blocks of a user heap: the fork
+/// handler takes each user heap's large-block lock, so the child finds it
+/// free and can allocate and free large blocks of that heap at once.
+#[test]
+fn fork_while_another_thread_frees_into_the_heap() {
+    let _g = serial_alone();
+    let heap = Heap::new();
+    let large = Layout::from_size_align(300 * KIB, 8).unwrap();
+    for _ in 0..40 {
+        let blocks: Vec<usize> = (0..16)
+            .map(|_| {
+                let p = heap.alloc(large);
+                assert!(!p.is_null());
+                p as usize
+            })
+            .collect();
+        let freer = thread::spawn(move || {
+            for p in blocks {
+                // SAFETY: live blocks of the heap, freed once, from here only.
+                unsafe { tlmalloc::free(p as *mut u8) };
+            }
+        });
+        // SAFETY: fork has no preconditions; the child only calls tlmalloc
+        // (fork-safe by its handlers) and `_exit`.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let p = heap.alloc(large);
+            let q = tlmalloc::malloc(100);
+            // SAFETY: fresh blocks, freed once.
+            unsafe {
+                heap.dealloc(p, large);
+                tlmalloc::free(q);
+                libc::_exit(if p.is_null() || q.is_null() { 1 } else { 0 });
+            }
+        }
+        let mut status = 0;
+        let start = std::time::Instant::now();
+        loop {
+            // SAFETY: waiting for our own child, status is a valid out-pointer.
+            let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            if done == pid {
+                break;
+            }
+            if start.elapsed().as_secs() > 20 {
+                // SAFETY: our own child.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                panic!("the fork child hung (a lock held across fork?)");
+            }
+            thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "child status {status:#x}"
+        );
+        freer.join().unwrap();
+    }
+    heap.destroy();
+}
