@@ -137,12 +137,13 @@ void tl_collect(int force);
 typedef struct tl_pool {
     size_t size;      /* sizeof(type) */
     size_t align;     /* alignof(type): a power of two */
-    const char *name; /* the type's name, for diagnostics */
+    const char *name; /* the type's name as written, for debuggers and logs */
 } tl_pool_t;
 
 #ifdef __cplusplus
-#define TL_POOL_INIT(type) { sizeof(type), alignof(type), #type }
-#define TL_POOL(type) (tl_pool_t{ sizeof(type), alignof(type), #type })
+/* Variadic, so that a type with a comma (std::pair<int, double>) works. */
+#define TL_POOL_INIT(...) { sizeof(__VA_ARGS__), alignof(__VA_ARGS__), #__VA_ARGS__ }
+#define TL_POOL(...) (tl_pool_t{ sizeof(__VA_ARGS__), alignof(__VA_ARGS__), #__VA_ARGS__ })
 #else
 #if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
 #define TL_ALIGNOF_(type) _Alignof(type)

@@ -84,6 +84,10 @@ pub unsafe extern "C" fn tl_heap_calloc(
     count: usize,
     size: usize,
 ) -> *mut c_void {
+    if heap.is_null() {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    }
     let Some(total) = count.checked_mul(size) else {
         return out_of_memory();
     };

@@ -46,16 +46,28 @@ pub unsafe extern "C" fn tl_stats(out: *mut Stats) -> c_int {
     // SAFETY: `out` is non-null, aligned and readable (caller contract);
     // only the version, which the caller set, is read.
     let version = unsafe { ptr::addr_of!((*out).version).read() };
-    if version == 0 || version > STATS_VERSION {
+    let Some(&bytes) = LAYOUT_BYTES.get(version as usize).filter(|&&b| b > 0) else {
         set_errno(libc::EINVAL);
         return -1;
-    }
+    };
     let stats = tlmalloc_core::stats();
-    // SAFETY: `out` points to a writable `tl_stats_t`, which is `Stats`
-    // (the layout assertions below).
-    unsafe { out.write(stats) };
+    // SAFETY: `out` points to a writable `tl_stats_t` of the caller's
+    // version, `bytes` long, which is a prefix of `Stats` (layout
+    // assertions below; later versions only append).
+    unsafe {
+        ptr::copy_nonoverlapping(
+            (&stats as *const Stats).cast::<u8>(),
+            out.cast::<u8>(),
+            bytes,
+        )
+    };
     0
 }
+
+/// Bytes of `tl_stats_t` in each layout version (index: the version; 0 is
+/// not one). A caller compiled against an older header gets exactly its
+/// struct's bytes, never more.
+const LAYOUT_BYTES: [usize; STATS_VERSION as usize + 1] = [0, core::mem::size_of::<Stats>()];
 
 /// Assert at compile time that `Stats` has the header's scalar fields, by
 /// name, at the header's offsets (each `uint64_t`, after the two

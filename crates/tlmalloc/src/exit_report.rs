@@ -24,8 +24,10 @@ use crate::sync::{AtomicBool, AtomicUsize, Ordering};
 static PREPARED: AtomicBool = AtomicBool::new(false);
 /// `run` ran (it may be reached from `atexit` and from the C library's destructor).
 static DONE: AtomicBool = AtomicBool::new(false);
-/// The saved duplicate of standard error (`usize::MAX`: none) and what it was.
+/// The saved duplicate of standard error (`usize::MAX`: none).
 static SAVED_FD: AtomicUsize = AtomicUsize::new(usize::MAX);
+/// What standard error was at start-up (`STDERR_SEEN` false: not open).
+static STDERR_SEEN: AtomicBool = AtomicBool::new(false);
 static SAVED_DEV: AtomicUsize = AtomicUsize::new(0);
 static SAVED_INO: AtomicUsize = AtomicUsize::new(0);
 
@@ -37,11 +39,16 @@ pub fn prepare() {
     }
     // Registered whatever the options say now: `tl_option_set` or
     // `options::set` may turn the report on later (`run` decides at exit).
-    if options::show_stats_here() {
-        if let Some((fd, (dev, ino))) = os::dup_stderr() {
-            SAVED_DEV.store(dev as usize, Ordering::Relaxed);
-            SAVED_INO.store(ino as usize, Ordering::Relaxed);
-            SAVED_FD.store(fd as usize, Ordering::Release);
+    // What fd 2 is now is remembered either way: at exit, the table goes
+    // only to that file, never to whatever else fd 2 has become.
+    if let Some((dev, ino)) = os::fd_identity(2) {
+        SAVED_DEV.store(dev as usize, Ordering::Relaxed);
+        SAVED_INO.store(ino as usize, Ordering::Relaxed);
+        STDERR_SEEN.store(true, Ordering::Release);
+        if options::show_stats_here() {
+            if let Some((fd, _)) = os::dup_stderr() {
+                SAVED_FD.store(fd as usize, Ordering::Release);
+            }
         }
     }
     os::at_exit(run);
@@ -66,12 +73,23 @@ pub extern "C" fn run() {
     }
     if let Some(path) = json {
         let mut expanded = [0u8; STATS_JSON_PATH_MAX + 16];
-        if let Some(path) = expand_pid(path.to_bytes(), &mut expanded) {
-            if let Some(fd) = os::create_file(path) {
+        match expand_pid(path.to_bytes(), &mut expanded)
+            .and_then(|p| os::create_file(p).map(|fd| (p, fd)))
+        {
+            Some((_, fd)) => {
                 let mut out = FdWriter::new(fd);
                 let _ = stats.write_json(&mut out);
                 out.flush();
                 os::close(fd);
+            }
+            None => {
+                if let Some(fd) = report_fd() {
+                    let mut out = FdWriter::new(fd);
+                    out.write_bytes(b"tlmalloc: warning: cannot write the statistics to ");
+                    out.write_bytes(path.to_bytes());
+                    out.write_bytes(b" (not a regular file, or not writable)\n");
+                    out.flush();
+                }
             }
         }
     }
@@ -88,20 +106,21 @@ pub fn write_table(fd: i32, stats: &crate::stats::Stats) {
 }
 
 /// The saved duplicate if it still is the standard error seen at start-up,
-/// else standard error if it is open.
+/// else fd 2 if it still is that file; `None` otherwise (the table is
+/// never written into a file the program opened at fd 2 later).
 fn report_fd() -> Option<i32> {
-    let saved = SAVED_FD.load(Ordering::Acquire);
-    if saved != usize::MAX {
-        let fd = saved as i32;
-        let expected = (
-            SAVED_DEV.load(Ordering::Relaxed) as u64,
-            SAVED_INO.load(Ordering::Relaxed) as u64,
-        );
-        if os::fd_identity(fd) == Some(expected) {
-            return Some(fd);
-        }
+    if !STDERR_SEEN.load(Ordering::Acquire) {
+        return None;
     }
-    os::fd_identity(2).map(|_| 2)
+    let expected = (
+        SAVED_DEV.load(Ordering::Relaxed) as u64,
+        SAVED_INO.load(Ordering::Relaxed) as u64,
+    );
+    let saved = SAVED_FD.load(Ordering::Acquire);
+    if saved != usize::MAX && os::fd_identity(saved as i32) == Some(expected) {
+        return Some(saved as i32);
+    }
+    (os::fd_identity(2) == Some(expected)).then_some(2)
 }
 
 /// `path` with every `%p` replaced by the pid, NUL-terminated in `out`.

@@ -48,6 +48,7 @@ unsafe extern "C" fn parent() {
 }
 
 unsafe extern "C" fn child() {
+    crate::options::after_fork_child();
     // SAFETY: the child has one thread, this one, which took every lock in `prepare`.
     unsafe {
         heap::fork_child_registry();

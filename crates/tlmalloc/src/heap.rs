@@ -989,10 +989,15 @@ fn init_thread_heap() -> *mut ThreadHeap {
 fn ensure_process_init() {
     match PROCESS_INIT.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => {
+            // The set-up's system calls (fstat of fd 2, atexit, ...) may set
+            // errno even when they succeed; the allocation that runs them
+            // must leave errno as it found it.
+            let saved_errno = os::errno();
             crate::options::init_process();
             crate::exit_report::prepare();
             os::register_thread_exit(thread_exit);
             crate::fork::register();
+            os::set_errno(saved_errno);
             PROCESS_INIT.store(2, Ordering::Release);
         }
         Err(_) => {

@@ -78,7 +78,7 @@ options! {
         env: "TLMALLOC_PURGE_DELAY_MS",
         default: 1000,
         unit: "ms",
-        parse: parse_size,
+        parse: parse_decimal,
         show: show_number,
         doc: "how long a free page, empty segment or cached large block stays resident before it is purged (cached blocks are unmapped after 8x this); 0 purges at the next check",
     },
@@ -314,6 +314,7 @@ pub enum OptionError {
 /// variable would be.
 pub fn set_by_name(name: &[u8], value: &[u8]) -> Result<(), OptionError> {
     let opt = Opt::from_name(name).ok_or(OptionError::UnknownName)?;
+    let value = trim(value);
     let parsed = match PARSERS[opt as usize](value) {
         Some(v) if v != UNSET => v,
         _ => return Err(OptionError::BadValue),
@@ -361,7 +362,7 @@ fn load(opt: Opt) -> usize {
     let text = os::getenv(ENV_NAMES_Z[i]);
     let (value, from, bad) = match text {
         None => (DEFAULTS[i], Source::Default, false),
-        Some(t) => match PARSERS[i](t) {
+        Some(t) => match PARSERS[i](trim(t)) {
             Some(v) if v != UNSET => (v, Source::Environment, false),
             _ => (DEFAULTS[i], Source::Default, true),
         },
@@ -374,7 +375,7 @@ fn load(opt: Opt) -> usize {
     match VALUES[i].compare_exchange(UNSET, value, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => {
             if let (Some(w), Some(t), Source::Environment) = (&writer, text, from) {
-                w.store(t);
+                w.store(trim(t));
             }
             SOURCES[i].store(from as u8, Ordering::Relaxed);
             drop(writer);
@@ -657,20 +658,30 @@ fn parse_size(text: &[u8]) -> Option<usize> {
 }
 
 fn parse_purge_mode(text: &[u8]) -> Option<usize> {
-    match text {
-        b"dontneed" => Some(PURGE_DONTNEED),
-        b"free" => Some(PURGE_FREE),
-        _ => None,
+    if text.eq_ignore_ascii_case(b"dontneed") {
+        Some(PURGE_DONTNEED)
+    } else if text.eq_ignore_ascii_case(b"free") {
+        Some(PURGE_FREE)
+    } else {
+        None
     }
 }
 
 fn parse_thp(text: &[u8]) -> Option<usize> {
-    match text {
-        b"system" => Some(THP_SYSTEM),
-        b"always" => Some(THP_ALWAYS),
-        b"never" => Some(THP_NEVER),
-        _ => None,
-    }
+    [
+        (&b"system"[..], THP_SYSTEM),
+        (b"always", THP_ALWAYS),
+        (b"never", THP_NEVER),
+    ]
+    .iter()
+    .find(|(word, _)| text.eq_ignore_ascii_case(word))
+    .map(|&(_, v)| v)
+}
+
+/// `text` without surrounding ASCII white space (a value from an env file
+/// may carry a trailing `\r`).
+fn trim(text: &[u8]) -> &[u8] {
+    text.trim_ascii()
 }
 
 /// `0`/`1`, `no`/`yes`, `false`/`true`, `off`/`on` (any case).
@@ -726,6 +737,15 @@ fn parse_path(text: &[u8]) -> Option<usize> {
 // ---------------------------------------------------------------------------
 
 /// Set the `TLMALLOC_STATS_JSON` path (already checked by `parse_path`).
+/// Fork child: a parent thread that was changing the JSON path does not
+/// exist here; leave the path readable (and writable) again.
+pub(crate) fn after_fork_child() {
+    let v = PATH.version.load(Ordering::Relaxed);
+    if v & 1 == 1 {
+        PATH.version.store(v + 1, Ordering::Release);
+    }
+}
+
 fn store_path(text: &[u8]) {
     let i = Opt::StatsJson as usize;
     let writer = PATH.write();

@@ -272,9 +272,17 @@ fn set_by_name_parses_like_the_environment() {
     assert_eq!(options::source(Opt::PurgeDelayMs), Source::Set);
     assert_eq!(options::get_by_name(b"purge_delay_ms"), Some(300));
 
-    // The short form, and a size suffix.
-    assert_eq!(options::set_by_name(b"purge_delay_ms", b"2k"), Ok(()));
-    assert_eq!(options::get_by_name(b"TLMALLOC_PURGE_DELAY_MS"), Some(2048));
+    // The short form; surrounding white space is ignored; milliseconds
+    // take no size suffix (`1m` would read as a mebibyte of them).
+    assert_eq!(options::set_by_name(b"purge_delay_ms", b" 2000\r"), Ok(()));
+    assert_eq!(options::get_by_name(b"TLMALLOC_PURGE_DELAY_MS"), Some(2000));
+    assert_eq!(
+        options::set_by_name(b"purge_delay_ms", b"2k"),
+        Err(OptionError::BadValue)
+    );
+    assert_eq!(options::set_by_name(b"thp", b"NEVER"), Ok(()));
+    assert_eq!(options::get(Opt::Thp), options::THP_NEVER);
+    assert_eq!(options::set_by_name(b"thp", b"system"), Ok(()));
 
     // A bad value changes nothing.
     assert_eq!(
@@ -285,7 +293,7 @@ fn set_by_name_parses_like_the_environment() {
         options::set_by_name(b"purge_delay_ms", b""),
         Err(OptionError::BadValue)
     );
-    assert_eq!(options::get(Opt::PurgeDelayMs), 2048);
+    assert_eq!(options::get(Opt::PurgeDelayMs), 2000);
 
     // Unknown names, including the short form in upper case.
     for name in [

@@ -158,6 +158,9 @@ pub fn now_ms() -> u64 {
 /// without allocating. The slice borrows the process environment.
 pub fn getenv(name: &[u8]) -> Option<&'static [u8]> {
     debug_assert!(name.last() == Some(&0));
+    if secure_execution() {
+        return None;
+    }
     // SAFETY: `name` is NUL-terminated; getenv only reads `environ`.
     let value = unsafe { libc::getenv(name.as_ptr().cast()) };
     if value.is_null() {
@@ -174,6 +177,9 @@ pub fn getenv(name: &[u8]) -> Option<&'static [u8]> {
 /// bytes, without the NUL), in order, without allocating. The slices borrow
 /// the environment only for the call.
 pub fn for_each_env(mut f: impl FnMut(&[u8])) {
+    if secure_execution() {
+        return;
+    }
     unsafe extern "C" {
         #[link_name = "environ"]
         static mut ENVIRON: *const *const libc::c_char;
@@ -200,6 +206,21 @@ pub fn for_each_env(mut f: impl FnMut(&[u8])) {
         // SAFETY: `s` was not the terminator, so the next slot exists.
         entry = unsafe { entry.add(1) };
     }
+}
+
+/// Whether the process runs with more privileges than its caller (setuid,
+/// setgid, file capabilities): then the environment is not to be trusted,
+/// and tlmalloc ignores its `TLMALLOC_*` variables, as glibc ignores its
+/// own malloc tunables.
+pub fn secure_execution() -> bool {
+    // SAFETY: getauxval has no preconditions and does not allocate.
+    unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
+}
+
+/// The calling thread's `errno`.
+pub fn errno() -> i32 {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() }
 }
 
 /// The calling process's id.
@@ -432,12 +453,29 @@ pub fn dup_stderr() -> Option<(i32, (u64, u64))> {
     (fd >= 0).then_some((fd, id))
 }
 
-/// Open `path` for writing, truncated or created with mode 0644.
+/// Open `path` for writing, created with mode 0644 or truncated, but only
+/// if it is (or becomes) a regular file: not through a symbolic link, not a
+/// FIFO (never blocks), not a terminal or `/dev/stdout`.
 pub fn create_file(path: &core::ffi::CStr) -> Option<i32> {
-    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC;
+    let flags =
+        libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK;
     // SAFETY: `path` is NUL-terminated; open does not keep the pointer.
     let fd = unsafe { libc::open(path.as_ptr(), flags, 0o644 as libc::c_uint) };
-    (fd >= 0).then_some(fd)
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: an all-zero `stat` is a valid value to overwrite.
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: `fd` is open; `st` is a valid out-pointer.
+    let regular = unsafe { libc::fstat(fd, &mut st) } == 0
+        && st.st_mode & libc::S_IFMT == libc::S_IFREG
+        // SAFETY: truncating the regular file we just opened for writing.
+        && unsafe { libc::ftruncate(fd, 0) } == 0;
+    if !regular {
+        close(fd);
+        return None;
+    }
+    Some(fd)
 }
 
 /// Close a descriptor `create_file` returned.
