@@ -311,19 +311,42 @@ pub fn alloc_class_for_pool(class: usize) -> *mut u8 {
 /// Allocate `size` bytes aligned to `align` (a power of two).
 pub fn malloc_aligned(size: usize, align: usize) -> *mut u8 {
     if align <= 16 {
+        // The direct-slot path for small sizes (same block as `pooled_size`).
         return malloc(if size < align { align } else { size });
     }
-    if align <= crate::config::POOL_ALIGN_MAX {
-        // A class at or above `round_up(size, align)` is a multiple of
-        // `align` (see size_class.rs) and its page area is aligned to it.
-        if size <= MEDIUM_SIZE_MAX {
-            let rounded = (size.max(1) + align - 1) & !(align - 1);
-            if rounded <= MEDIUM_SIZE_MAX {
-                return alloc_class(os::thread_heap(), class_of(rounded));
-            }
-        }
+    match pooled_size(size, align) {
+        Some(n) => alloc_class(os::thread_heap(), class_of(n)),
+        None => large_alloc(size, align, false),
     }
-    large_alloc(size, align, false)
+}
+
+/// The size whose class serves a request of `size` bytes aligned to
+/// `align` (a power of two), or `None` when it gets a large block. The one
+/// rule behind `malloc_aligned`, user heaps, pools and the sized-free check
+/// (`expected_usable`), so that they cannot drift apart.
+///
+/// Up to 16 bytes of alignment every class of at least `align` bytes is
+/// aligned enough; above, a class at or above `round_up(size, align)` is a
+/// multiple of `align` (see size_class.rs) and its page area is aligned
+/// to it, up to `POOL_ALIGN_MAX`.
+pub(crate) const fn pooled_size(size: usize, align: usize) -> Option<usize> {
+    let n = if align <= 16 {
+        if size < align {
+            align
+        } else {
+            size
+        }
+    } else if align <= crate::config::POOL_ALIGN_MAX && size <= MEDIUM_SIZE_MAX {
+        let at_least_one = if size == 0 { 1 } else { size };
+        (at_least_one + align - 1) & !(align - 1)
+    } else {
+        return None;
+    };
+    if n <= MEDIUM_SIZE_MAX {
+        Some(n)
+    } else {
+        None
+    }
 }
 
 /// Free `p`, a block this allocator handed out and not yet freed.
@@ -1351,15 +1374,7 @@ pub(crate) unsafe fn user_heap_alloc(
     align: usize,
     zero: bool,
 ) -> *mut u8 {
-    // The same class choice as `malloc_aligned`.
-    let pooled = if align <= 16 {
-        Some(size.max(align))
-    } else if align <= crate::config::POOL_ALIGN_MAX && size <= MEDIUM_SIZE_MAX {
-        Some((size.max(1) + align - 1) & !(align - 1))
-    } else {
-        None
-    };
-    if let Some(n) = pooled.filter(|&n| n <= MEDIUM_SIZE_MAX) {
+    if let Some(n) = pooled_size(size, align) {
         let p = alloc_class(heap, class_of(n));
         if zero && !p.is_null() {
             // SAFETY: the block holds at least `size` bytes.

@@ -337,16 +337,10 @@ mod api {
     /// The usable size a fresh request of `size` bytes aligned to `align`
     /// gets (what `malloc_aligned(size, align)` returns a block of).
     pub(crate) fn expected_usable(size: usize, align: usize) -> usize {
-        if align <= 16 {
-            return good_size(size.max(align));
+        match heap::pooled_size(size, align) {
+            Some(n) => class_size(class_of(n)),
+            None => large::large_usable(size).unwrap_or(usize::MAX),
         }
-        if align <= crate::config::POOL_ALIGN_MAX && size <= MEDIUM_SIZE_MAX {
-            let rounded = (size.max(1) + align - 1) & !(align - 1);
-            if rounded <= MEDIUM_SIZE_MAX {
-                return class_size(class_of(rounded));
-            }
-        }
-        large::large_usable(size).unwrap_or(usize::MAX)
     }
 
     /// With the `check` feature: abort with a one-line report unless `p`

@@ -18,7 +18,6 @@ use core::marker::PhantomData;
 use core::ops::{Deref, DerefMut};
 use core::ptr::{self, NonNull};
 
-use crate::config::{MEDIUM_SIZE_MAX, POOL_ALIGN_MAX};
 use crate::heap;
 use crate::size_class::class_of_const;
 
@@ -39,33 +38,19 @@ pub struct Pool<T> {
 }
 
 impl<T> Pool<T> {
-    /// Blocks are requested as `T`'s layout rounded up to its alignment,
-    /// which is what `malloc_aligned` does (at least one byte).
-    const SIZE: usize = {
-        let size = if core::mem::size_of::<T>() == 0 {
-            1
-        } else {
-            core::mem::size_of::<T>()
-        };
-        let align = core::mem::align_of::<T>();
-        if align <= 16 {
-            if size < align {
-                align
-            } else {
-                size
-            }
-        } else {
-            (size + align - 1) & !(align - 1)
-        }
+    /// The size a block is requested with (`T`'s, at least one byte).
+    const SIZE: usize = if core::mem::size_of::<T>() == 0 {
+        1
+    } else {
+        core::mem::size_of::<T>()
     };
 
-    /// The pooled class, or `usize::MAX` when `T` is served as a large block.
-    const CLASS: usize =
-        if Self::SIZE <= MEDIUM_SIZE_MAX && core::mem::align_of::<T>() <= POOL_ALIGN_MAX {
-            class_of_const(Self::SIZE)
-        } else {
-            usize::MAX
-        };
+    /// The pooled class (the rule `malloc_aligned` follows), or
+    /// `usize::MAX` when `T` is served as a large block.
+    const CLASS: usize = match heap::pooled_size(Self::SIZE, core::mem::align_of::<T>()) {
+        Some(n) => class_of_const(n),
+        None => usize::MAX,
+    };
 
     /// A pool for `T` (a `const fn`, for statics).
     pub const fn new() -> Self {
