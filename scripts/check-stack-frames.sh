@@ -78,8 +78,11 @@ fi
 
 exec python3 - "$self_test" "$lib" "$disassembly" <<'PY'
 import re
+import signal
 import subprocess
 import sys
+
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends it quietly
 
 LIMIT = 1024
 TOP = 10
