@@ -29,5 +29,5 @@ static INIT: extern "C" fn(c_int, *mut *mut c_char, *mut *mut c_char) = at_load;
 /// to file descriptor `fd`.
 #[unsafe(no_mangle)]
 pub extern "C" fn tl_print_stats(fd: c_int) {
-    tlmalloc_core::exit_report::write_table(fd, &tlmalloc_core::stats());
+    tlmalloc_core::exit_report::print_table(fd);
 }

@@ -248,7 +248,7 @@ fn stats_layout_matches_core() {
 
     let header = fs::read_to_string(include_dir().join("tlmalloc.h")).unwrap();
     let fields = header_stats_fields(&header);
-    let core: Vec<&str> = Stats::ZERO.scalars().iter().map(|s| s.0).collect();
+    let core: Vec<&str> = Stats::ZERO.scalars().map(|s| s.0).collect();
     assert_eq!(
         fields, core,
         "tl_stats_t scalars vs the core's stats_fields!"

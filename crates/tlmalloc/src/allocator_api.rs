@@ -11,7 +11,8 @@ use core::ptr::NonNull;
 
 use allocator_api2::alloc::{AllocError, Allocator};
 
-use crate::{Heap, TlMalloc};
+use crate::api::TlMalloc;
+use crate::user_heap::Heap;
 
 /// A dangling pointer aligned for `layout`, for zero-size requests.
 fn dangling(layout: Layout) -> NonNull<[u8]> {

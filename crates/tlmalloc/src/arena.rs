@@ -1,111 +1,190 @@
-//! Where segments come from and where they go: the OS, through a small cache
-//! of empty 4 MiB segments so that a thread that frees its last page and
-//! allocates again does not map and unmap every time. Every mapping the
-//! allocator makes goes through [`map`] or [`map_aligned`] here, which
-//! enforce the `TLMALLOC_MAX_RESERVED` cap.
+//! Every mapping the allocator makes, and the cache of empty segments.
+//!
+//! This is the only layer that calls the OS's memory primitives, so it is
+//! where they are counted (`counters`) and where the `TLMALLOC_MAX_RESERVED`
+//! cap is enforced: a mapping that would pass the cap is refused (null).
+//! Emptying the caches first and trying again is the allocation path's
+//! decision (it knows which caches it holds), not this layer's.
+//!
+//! Empty 4 MiB segments go to a small cache (`SEGMENT_CACHE_SLOTS`) so that
+//! a thread that frees its last page and allocates again does not map and
+//! unmap every time.
 
 use core::ptr;
 
 use crate::config::{OS_PAGE_SIZE, SEGMENT_CACHE_SLOTS, SEGMENT_SIZE};
+use crate::counters;
+use crate::lock::SpinLock;
 use crate::options::{self, Opt};
 use crate::os;
 use crate::segment::{Segment, SegmentKind};
 use crate::segment_map::{self, CHUNK_FOREIGN, CHUNK_SEGMENT};
-use crate::stats;
-use crate::sync::SpinLock;
 
 /// Empty, mapped, standard-size segments ready for reuse. Each one's first
-/// OS page keeps its header (`cached_at_ms`, `purged`) while cached.
+/// OS page keeps its header (`cached_at_ms`, `purged`, `zeroed`) while cached.
+///
+/// Invariant `[segment-cache]`: `slots[..len]` are distinct segments with no
+/// holder but the cache (no page in use, owner 0), standard-size, off the
+/// segment map.
 pub(crate) struct SegmentCache {
     slots: [*mut Segment; SEGMENT_CACHE_SLOTS],
     len: usize,
 }
 
-// SAFETY: the pointers name mappings owned by the cache; moving the cache
-// between threads moves that ownership, and the lock serialises access.
+// SAFETY: the pointers name mappings owned by the cache (`[segment-cache]`);
+// moving the cache between threads moves that ownership, and the lock
+// serialises access.
 unsafe impl Send for SegmentCache {}
 
-/// Lock order: innermost (see ARCHITECTURE.md, "Locks").
+/// Lock order: see `fork.rs`.
 pub(crate) static CACHE: SpinLock<SegmentCache> = SpinLock::new(SegmentCache {
     slots: [ptr::null_mut(); SEGMENT_CACHE_SLOTS],
     len: 0,
 });
 
-/// Whether mapping `more` bytes keeps the process under `TLMALLOC_MAX_RESERVED`.
-/// When it would not, the caches are emptied first and the answer re-checked.
-pub fn reserve_ok(more: usize) -> bool {
-    let cap = options::get(Opt::MaxReserved);
-    if cap == 0 {
-        return true;
+impl SegmentCache {
+    fn pop(&mut self) -> *mut Segment {
+        if self.len == 0 {
+            return ptr::null_mut();
+        }
+        self.len -= 1;
+        self.slots[self.len]
     }
-    let fits = || stats::os_stats().reserved_bytes.saturating_add(more) <= cap;
-    if fits() {
-        return true;
-    }
-    crate::heap::release_caches();
-    fits()
 }
 
-/// `os::map` under the reservation cap.
+// ---------------------------------------------------------------------------
+// Mapping, counted and capped
+// ---------------------------------------------------------------------------
+
+/// Whether mapping `more` bytes keeps the process under `TLMALLOC_MAX_RESERVED`.
+pub fn reserve_ok(more: usize) -> bool {
+    let cap = options::get(Opt::MaxReserved);
+    cap == 0 || counters::os_stats().reserved_bytes.saturating_add(more) <= cap
+}
+
+/// Whether a reservation cap is set (so a refused mapping may succeed after
+/// the caches are emptied).
+pub fn capped() -> bool {
+    options::get(Opt::MaxReserved) != 0
+}
+
+/// Map `size` bytes of zeroed memory under the reservation cap and the THP
+/// policy; null when refused.
 pub fn map(size: usize) -> *mut u8 {
     if !reserve_ok(size) {
         return ptr::null_mut();
     }
     let p = os::map(size);
     if !p.is_null() {
+        counters::record_map(size);
         os::advise_huge_pages(p, size, options::thp_advice());
     }
     p
 }
 
-/// `os::map_aligned` under the reservation cap.
+/// As [`map`], the start a multiple of `align` (a power of two ≥ the OS page).
 pub fn map_aligned(size: usize, align: usize) -> *mut u8 {
     if !reserve_ok(size) {
         return ptr::null_mut();
     }
     let p = os::map_aligned(size, align);
     if !p.is_null() {
+        counters::record_map(size);
         os::advise_huge_pages(p, size, options::thp_advice());
     }
     p
 }
 
-/// A standard 4 MiB segment of `kind` with no owner, or null when the OS
-/// refuses memory (or the reservation cap is reached).
+/// Give `[p, p + size)` back to the OS.
+///
+/// # Safety
+/// The range was mapped through this module and nothing uses it any more.
+pub unsafe fn unmap(p: *mut u8, size: usize) {
+    // SAFETY: caller contract.
+    unsafe { os::unmap(p, size) };
+    counters::record_unmap(size);
+}
+
+/// Let the OS drop the contents of `[p, p + size)` (see `os::purge`);
+/// returns whether it did.
+///
+/// # Safety
+/// The range is mapped through this module, page-aligned, and its contents
+/// are not needed.
+pub unsafe fn purge(p: *mut u8, size: usize, lazy: bool) -> bool {
+    // SAFETY: caller contract.
+    let done = unsafe { os::purge(p, size, lazy) };
+    if done {
+        counters::record_purge(size);
+    }
+    done
+}
+
+/// Grow the mapping `[p, p + old)` to `new` bytes where it stands, under
+/// the cap; false (nothing changed) when it cannot.
+///
+/// # Safety
+/// `[p, p + old)` is a mapping made through this module.
+pub unsafe fn grow_in_place(p: *mut u8, old: usize, new: usize) -> bool {
+    if !reserve_ok(new - old) {
+        return false;
+    }
+    // SAFETY: caller contract.
+    let done = unsafe { os::grow_in_place(p, old, new) };
+    if done {
+        counters::record_remap(old, new);
+    }
+    done
+}
+
+/// Move the pages of `[from, from + old)` onto `[to, to + new)`, a mapping
+/// of `new` bytes from [`map_aligned`] that this replaces; false (both
+/// unchanged) when the kernel refused.
+///
+/// # Safety
+/// Both ranges are mappings made through this module; `new >= old`;
+/// nothing uses `to` yet.
+pub unsafe fn move_mapping(from: *mut u8, old: usize, to: *mut u8, new: usize) -> bool {
+    // SAFETY: caller contract.
+    let done = unsafe { os::move_mapping(from, old, to, new) };
+    if done {
+        // The old range is gone; the new one replaced a mapping already counted.
+        counters::record_remap(old, 0);
+    }
+    done
+}
+
+// ---------------------------------------------------------------------------
+// Segments
+// ---------------------------------------------------------------------------
+
+/// A standard 4 MiB segment of `kind` with no owner, its header written in
+/// place, or null when the OS refuses memory (or the cap is reached).
 #[cold]
 #[inline(never)]
 pub fn segment_alloc(kind: SegmentKind) -> *mut Segment {
-    let cached = {
-        let mut cache = CACHE.lock();
-        if cache.len > 0 {
-            cache.len -= 1;
-            cache.slots[cache.len]
-        } else {
-            ptr::null_mut()
+    let cached = CACHE.lock().pop();
+    let (segment, fresh, blocks_zeroed) = if cached.is_null() {
+        let base = map_aligned(SEGMENT_SIZE, SEGMENT_SIZE);
+        if base.is_null() {
+            return ptr::null_mut();
         }
-    };
-    let (base, zeroed) = if cached.is_null() {
-        (map_aligned(SEGMENT_SIZE, SEGMENT_SIZE), true)
+        (base.cast::<Segment>(), true, true)
     } else {
-        // SAFETY: a cached segment keeps its header page while cached.
+        // SAFETY: `[segment-cache]`: a cached segment keeps its header page.
         let (purged, zeroed) = unsafe { ((*cached).purged, (*cached).zeroed) };
         if purged {
-            stats::record_recommit(SEGMENT_SIZE - OS_PAGE_SIZE);
+            counters::record_recommit(SEGMENT_SIZE - OS_PAGE_SIZE);
         }
-        let zeroed = purged && zeroed;
-        (cached.cast::<u8>(), zeroed)
+        (cached, false, purged && zeroed)
     };
-    if base.is_null() {
-        return ptr::null_mut();
-    }
-    let segment = base.cast::<Segment>();
-    // SAFETY: `base` is a fresh or cached (hence unused) 4 MiB mapping.
+    // SAFETY: a fresh (all zero) or cached (unused) 4 MiB mapping is ours.
     unsafe {
-        Segment::init(segment, kind, base, SEGMENT_SIZE);
-        (*segment).zeroed = zeroed;
+        Segment::init(segment, kind, segment.cast(), SEGMENT_SIZE, fresh);
+        (*segment).zeroed = blocks_zeroed;
     }
-    segment_map::set_chunk(base, CHUNK_SEGMENT);
-    stats::add_segments_in_use(1);
+    segment_map::set_chunk(segment.cast(), CHUNK_SEGMENT);
+    counters::record_segment(true);
     segment
 }
 
@@ -113,16 +192,18 @@ pub fn segment_alloc(kind: SegmentKind) -> *mut Segment {
 /// is room, otherwise to the OS.
 ///
 /// # Safety
-/// `segment` is a live segment with no page in use and no holder any more.
+/// `segment` is a live segment with no page in use and no holder but the
+/// caller, who gives it up.
 pub unsafe fn segment_free(segment: *mut Segment) {
-    // SAFETY: the caller guarantees the header is live until we drop it here.
-    let (base, size) = unsafe { ((*segment).map_base, (*segment).map_size) };
-    // SAFETY: the caller holds the segment.
-    unsafe { crate::purge::recommit_purged(segment) };
+    // SAFETY: `[segment-mapping]`: the caller holds a live header.
+    let (base, size) = unsafe {
+        (*segment).recommit_purged();
+        ((*segment).map_base, (*segment).map_size)
+    };
     segment_map::set_chunk(segment.cast(), CHUNK_FOREIGN);
-    stats::add_segments_in_use(-1);
+    counters::record_segment(false);
     if size == SEGMENT_SIZE && base == segment.cast() {
-        // SAFETY: the header stays ours while cached.
+        // SAFETY: the header stays ours while cached (`[segment-cache]`).
         unsafe {
             (*segment).cached_at_ms = os::now_ms();
             (*segment).purged = false;
@@ -136,21 +217,21 @@ pub unsafe fn segment_free(segment: *mut Segment) {
             return;
         }
     }
-    // SAFETY: the mapping is ours (Segment invariant) and nothing refers to it.
-    unsafe { os::unmap(base, size) };
+    // SAFETY: `[segment-mapping]`: the mapping is ours and nothing refers to it.
+    unsafe { unmap(base, size) };
 }
 
 /// Purge cached segments idle for `delay_ms`, and unmap those idle for
 /// eight times that (the cache no longer wants them).
 pub fn cache_purge(now_ms: u64, delay_ms: u64, lazy: bool) {
-    let mut release: [*mut Segment; SEGMENT_CACHE_SLOTS] = [ptr::null_mut(); SEGMENT_CACHE_SLOTS];
+    let mut release = [ptr::null_mut::<Segment>(); SEGMENT_CACHE_SLOTS];
     let mut released = 0;
     {
         let mut cache = CACHE.lock();
         let mut i = 0;
         while i < cache.len {
             let segment = cache.slots[i];
-            // SAFETY: cached segments keep their header page; the lock makes them ours.
+            // SAFETY: `[segment-cache]`: cached headers are readable; the lock makes them ours.
             let (age, purged) = unsafe {
                 (
                     now_ms.saturating_sub((*segment).cached_at_ms),
@@ -169,7 +250,7 @@ pub fn cache_purge(now_ms: u64, delay_ms: u64, lazy: bool) {
                 // SAFETY: everything past the header page is unused memory of ours.
                 unsafe {
                     let start = segment.cast::<u8>().add(OS_PAGE_SIZE);
-                    if os::purge(start, SEGMENT_SIZE - OS_PAGE_SIZE, lazy) {
+                    if purge(start, SEGMENT_SIZE - OS_PAGE_SIZE, lazy) {
                         (*segment).purged = true;
                         (*segment).zeroed = !lazy;
                     }
@@ -187,15 +268,11 @@ pub fn cache_purge(now_ms: u64, delay_ms: u64, lazy: bool) {
 /// Give every cached segment back to the OS.
 pub fn cache_flush() {
     loop {
-        let segment = {
-            let mut cache = CACHE.lock();
-            if cache.len == 0 {
-                return;
-            }
-            cache.len -= 1;
-            cache.slots[cache.len]
-        };
-        // SAFETY: a cached segment is an unused mapping of SEGMENT_SIZE bytes.
+        let segment = CACHE.lock().pop();
+        if segment.is_null() {
+            return;
+        }
+        // SAFETY: taken out of the cache: an unused mapping of SEGMENT_SIZE bytes.
         unsafe { unmap_cached(segment) };
     }
 }
@@ -208,8 +285,8 @@ unsafe fn unmap_cached(segment: *mut Segment) {
     // SAFETY: the header stays readable until the unmap (caller contract).
     unsafe {
         if (*segment).purged {
-            stats::record_recommit(SEGMENT_SIZE - OS_PAGE_SIZE);
+            counters::record_recommit(SEGMENT_SIZE - OS_PAGE_SIZE);
         }
-        os::unmap(segment.cast(), SEGMENT_SIZE);
+        unmap(segment.cast(), SEGMENT_SIZE);
     }
 }

@@ -54,6 +54,10 @@ pub const POOL_ALIGN_MAX: usize = SMALL_PAGE_SIZE;
 /// time, so a page touched by one allocation costs one OS page, not 64 KiB.
 pub const PAGE_EXTEND_BYTES: usize = 16 * 1024;
 
+/// Large blocks up to this size are rounded to a size class and may be
+/// recycled through the large-block cache; bigger ones are mapped per block.
+pub const LARGE_CACHE_SIZE_MAX: usize = 128 << 20;
+
 /// Empty 4 MiB segments kept mapped for reuse before they go back to the OS.
 pub const SEGMENT_CACHE_SLOTS: usize = 8;
 /// Full pages a slow path inspects (collecting their remote frees) before it

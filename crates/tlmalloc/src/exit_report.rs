@@ -11,14 +11,22 @@
 //! that duplicate if it still is the file fd 2 was at start-up, else to
 //! fd 2 if open. A program that ends with `_exit` prints nothing.
 //!
-//! Everything is formatted through a fixed stack buffer: nothing here
-//! allocates, so it can run at any point of exit.
+//! Everything is formatted through a fixed buffer and the statistics are
+//! read into one static [`Stats`] under a lock: nothing here allocates or
+//! needs more than a few hundred bytes of stack, so it can run at any point
+//! of exit and on any thread.
 
 use core::fmt::{self, Write};
 
+use crate::lock::SpinLock;
 use crate::options::{self, STATS_JSON_PATH_MAX};
 use crate::os;
+use crate::stats::{self, Stats};
 use crate::sync::{AtomicBool, AtomicUsize, Ordering};
+use crate::text::Text;
+
+/// Where a report reads the statistics into (2.3 KiB: kept off the stack).
+static REPORT_STATS: SpinLock<Stats> = SpinLock::new(Stats::ZERO);
 
 /// `prepare` ran.
 static PREPARED: AtomicBool = AtomicBool::new(false);
@@ -65,7 +73,8 @@ pub extern "C" fn run() {
     if !show && json.is_none() {
         return;
     }
-    let stats = crate::stats::stats();
+    let mut stats = REPORT_STATS.lock();
+    stats::stats_into(&mut stats);
     if show {
         if let Some(fd) = report_fd() {
             write_table(fd, &stats);
@@ -95,8 +104,15 @@ pub extern "C" fn run() {
     }
 }
 
+/// Read the statistics now and write their table to `fd` (`tl_print_stats`).
+pub fn print_table(fd: i32) {
+    let mut stats = REPORT_STATS.lock();
+    stats::stats_into(&mut stats);
+    write_table(fd, &stats);
+}
+
 /// Write the statistics table, headed by the program's name and pid, to `fd`.
-pub fn write_table(fd: i32, stats: &crate::stats::Stats) {
+pub fn write_table(fd: i32, stats: &Stats) {
     let mut out = FdWriter::new(fd);
     let _ = out.write_str("tlmalloc stats: ");
     out.write_bytes(os::program_name());
@@ -125,8 +141,9 @@ fn report_fd() -> Option<i32> {
 
 /// `path` with every `%p` replaced by the pid, NUL-terminated in `out`.
 fn expand_pid<'a>(path: &[u8], out: &'a mut [u8]) -> Option<&'a core::ffi::CStr> {
-    let mut digits = [0u8; 20];
-    let pid_text = crate::report::decimal(os::getpid() as usize, &mut digits);
+    let mut pid = Text::<20>::new();
+    pid.decimal(os::getpid() as usize);
+    let pid_text = pid.as_bytes();
     let mut len = 0;
     let mut i = 0;
     while i < path.len() {
@@ -148,35 +165,34 @@ fn expand_pid<'a>(path: &[u8], out: &'a mut [u8]) -> Option<&'a core::ffi::CStr>
     core::ffi::CStr::from_bytes_with_nul(&out[..=len]).ok()
 }
 
-/// A `fmt::Write` that buffers on the stack and writes to a descriptor.
+/// A `fmt::Write` that buffers and writes to a descriptor when the buffer fills.
 struct FdWriter {
     fd: i32,
-    buf: [u8; 1024],
-    len: usize,
+    buf: Text<256>,
 }
 
 impl FdWriter {
     fn new(fd: i32) -> Self {
         FdWriter {
             fd,
-            buf: [0; 1024],
-            len: 0,
+            buf: Text::new(),
         }
     }
 
-    fn write_bytes(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(self.buf.len()) {
-            if self.len + chunk.len() > self.buf.len() {
+    fn write_bytes(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            if self.buf.room() == 0 {
                 self.flush();
             }
-            self.buf[self.len..self.len + chunk.len()].copy_from_slice(chunk);
-            self.len += chunk.len();
+            let (now, later) = bytes.split_at(bytes.len().min(self.buf.room()));
+            self.buf.push(now);
+            bytes = later;
         }
     }
 
     fn flush(&mut self) {
-        os::write_fd(self.fd, &self.buf[..self.len]);
-        self.len = 0;
+        os::write_fd(self.fd, self.buf.as_bytes());
+        self.buf.clear();
     }
 }
 

@@ -1,16 +1,16 @@
 //! Fork safety: every lock is held across `fork`, so the child finds each
 //! structure in a consistent state and may allocate at once.
 //!
-//! Lock order (outermost first), followed here and everywhere locks nest:
-//! 1. `heap::PROCESS_HEAP` (dead threads' allocations; may adopt and map)
-//! 2. `heap::ABANDONED` (push or pop one segment; nests nothing)
-//! 3. `heap_pool::POOL` (nests nothing but `mmap`)
+//! Lock order (outermost first), followed here and wherever locks nest:
+//! 1. `heap::PROCESS_HEAP` (dead threads' allocations): the one lock that
+//!    nests another — its slow path takes `arena::CACHE` when it needs or
+//!    frees a segment
+//! 2. `abandoned::ABANDONED` (push or pop one segment; nests nothing)
+//! 3. `heap_pool::POOL` (nests nothing; it may call `mmap`)
 //! 4. `arena::CACHE` (nests nothing)
-//! 5. `heap::HEAPS` (the registry of live heaps, for statistics; nests nothing)
-//!
-//! 6. each `tlmalloc::Heap`'s `owned_large` (its large blocks, which any
-//!    thread may free; nests nothing), taken by walking the registry
-//!    while `HEAPS` is held
+//! 5. `registry::HEAPS` (the registry of live heaps; nests nothing)
+//! 6. each `tlmalloc::Heap`'s large-block lock (nests nothing), taken by
+//!    walking the registry while `HEAPS` is held
 //!
 //! The child also drops the parent's other threads' heaps from the
 //! registry: those threads do not exist in the child.
@@ -19,43 +19,50 @@
 //! child has only the forking thread, and a half-finished CAS push by a
 //! vanished thread either happened or did not.
 
-use crate::{arena, heap, heap_pool, os};
+use crate::abandoned::ABANDONED;
+use crate::arena::CACHE;
+use crate::heap::PROCESS_HEAP;
+use crate::heap_pool::POOL;
+use crate::options;
+use crate::os;
+use crate::registry::{self, HEAPS};
 
-/// Install the handlers (once per process, from the first heap's set-up).
+/// Install the handlers (once per process, from its first heap's set-up).
 pub fn register() {
     os::register_fork_handlers(prepare, parent, child);
 }
 
 unsafe extern "C" fn prepare() {
-    heap::PROCESS_HEAP.acquire();
-    heap::ABANDONED.lock_ref().acquire();
-    heap_pool::POOL.acquire();
-    arena::CACHE.acquire();
-    heap::HEAPS.acquire();
-    heap::fork_lock_user_heaps(true);
+    PROCESS_HEAP.acquire();
+    ABANDONED.lock_ref().acquire();
+    POOL.acquire();
+    CACHE.acquire();
+    HEAPS.acquire();
+    // SAFETY: `HEAPS` is held.
+    unsafe { registry::fork_lock_user_heaps(true) };
 }
 
 unsafe extern "C" fn parent() {
     // SAFETY: `prepare` took each lock on this thread, guard-less.
     unsafe {
-        heap::fork_lock_user_heaps(false);
-        heap::HEAPS.release();
-        arena::CACHE.release();
-        heap_pool::POOL.release();
-        heap::ABANDONED.lock_ref().release();
-        heap::PROCESS_HEAP.release();
+        registry::fork_lock_user_heaps(false);
+        HEAPS.release();
+        CACHE.release();
+        POOL.release();
+        ABANDONED.lock_ref().release();
+        PROCESS_HEAP.release();
     }
 }
 
 unsafe extern "C" fn child() {
-    crate::options::after_fork_child();
+    options::after_fork_child();
     // SAFETY: the child has one thread, this one, which took every lock in `prepare`.
     unsafe {
-        heap::fork_child_registry();
-        heap::HEAPS.force_unlock();
-        arena::CACHE.force_unlock();
-        heap_pool::POOL.force_unlock();
-        heap::ABANDONED.lock_ref().force_unlock();
-        heap::PROCESS_HEAP.force_unlock();
+        registry::fork_child_prune();
+        HEAPS.force_unlock();
+        CACHE.force_unlock();
+        POOL.force_unlock();
+        ABANDONED.lock_ref().force_unlock();
+        PROCESS_HEAP.force_unlock();
     }
 }

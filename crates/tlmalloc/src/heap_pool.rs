@@ -1,16 +1,20 @@
-//! Storage for thread heaps: carved from OS chunks, recycled through a free
-//! list, never given back (a heap is a few KiB and threads come and go).
+//! Storage for heaps: carved from OS chunks, recycled through a free list,
+//! never given back (a heap is a few KiB and threads come and go).
 
 use core::ptr;
 
+use crate::arena;
 use crate::heap::ThreadHeap;
-use crate::sync::SpinLock;
+use crate::lock::SpinLock;
 
 const CHUNK_SIZE: usize = 64 * 1024;
 const HEAP_STRIDE: usize = (core::mem::size_of::<ThreadHeap>() + 63) & !63;
 const _: () = assert!(HEAP_STRIDE <= CHUNK_SIZE);
 
 /// Free heaps and the unused tail of the newest chunk.
+///
+/// Invariant `[heap-pool]`: the heaps on `free` (linked through their pool
+/// link) and the bytes `cursor..end` belong to the pool and no thread uses them.
 pub(crate) struct HeapPool {
     free: *mut ThreadHeap,
     cursor: usize,
@@ -20,7 +24,7 @@ pub(crate) struct HeapPool {
 // SAFETY: the pool owns the memory it points to; the lock serialises access.
 unsafe impl Send for HeapPool {}
 
-/// Lock order: after the process heap and the abandoned list, before the segment cache.
+/// Lock order: see `fork.rs`.
 pub(crate) static POOL: SpinLock<HeapPool> = SpinLock::new(HeapPool {
     free: ptr::null_mut(),
     cursor: 0,
@@ -32,12 +36,12 @@ pub fn heap_alloc() -> *mut ThreadHeap {
     let mut pool = POOL.lock();
     if !pool.free.is_null() {
         let heap = pool.free;
-        // SAFETY: heaps on the free list are ours; `pool_next` links them.
-        pool.free = unsafe { ThreadHeap::pool_next(heap) };
+        // SAFETY: `[heap-pool]`: a pooled heap's link was written by `heap_free`.
+        pool.free = unsafe { ThreadHeap::pool_link(heap).read() };
         return heap;
     }
     if pool.cursor + HEAP_STRIDE > pool.end {
-        let chunk = crate::arena::map(CHUNK_SIZE);
+        let chunk = arena::map(CHUNK_SIZE);
         if chunk.is_null() {
             return ptr::null_mut();
         }
@@ -56,6 +60,6 @@ pub fn heap_alloc() -> *mut ThreadHeap {
 pub unsafe fn heap_free(heap: *mut ThreadHeap) {
     let mut pool = POOL.lock();
     // SAFETY: the caller hands the heap over; we only write its pool link.
-    unsafe { ThreadHeap::set_pool_next(heap, pool.free) };
+    unsafe { ThreadHeap::pool_link(heap).write(pool.free) };
     pool.free = heap;
 }

@@ -10,20 +10,23 @@
 //! (`large_cache.rs`) with no system call. Beyond that, sizes are rounded
 //! to the OS page and mapped per block.
 //!
-//! This file maps, reuses, grows and releases large segments; which cache
-//! a freed one goes to is decided in `heap.rs`.
+//! This file owns the whole tier: it maps, reuses, grows and releases large
+//! segments, and decides which cache level serves a request or keeps a
+//! freed block ([`alloc`], [`recycle`]). The caches themselves are plain
+//! containers (`large_cache.rs`); the calling thread's level is passed in
+//! by the heap that holds it, and counting per heap is the caller's.
 
 use core::ptr;
 
 use crate::arena;
-use crate::config::{MEDIUM_SIZE_MAX, OS_PAGE_SIZE, SEGMENT_SIZE};
-use crate::large_cache::LARGE_CACHE_SIZE_MAX;
-use crate::os;
-use crate::page::Page;
+use crate::config::{LARGE_CACHE_SIZE_MAX, MEDIUM_SIZE_MAX, OS_PAGE_SIZE, SEGMENT_SIZE};
+use crate::counters;
+use crate::large_cache::{LocalLargeCache, SHARED};
+use crate::options::{self, Opt};
+use crate::report;
 use crate::segment::{Segment, SegmentKind, SEGMENT_HEADER_SIZE};
 use crate::segment_map::{self, CHUNK_FOREIGN, CHUNK_HEADER_BELOW, CHUNK_SEGMENT};
 use crate::size_class::{class_of_const, class_size_const};
-use crate::stats;
 
 #[inline]
 const fn round_up(n: usize, to: usize) -> Option<usize> {
@@ -80,10 +83,10 @@ pub fn large_map(usable: usize, align: usize) -> *mut Segment {
             return ptr::null_mut();
         }
         let segment = base.cast::<Segment>();
-        // SAFETY: `base` is a fresh mapping of `map_size >= header` bytes.
-        unsafe { Segment::init(segment, SegmentKind::Large, base, map_size) };
+        // SAFETY: `base` is a fresh (all zero) mapping of `map_size >= header` bytes.
+        unsafe { Segment::init(segment, SegmentKind::Large, base, map_size, true) };
         segment_map::set_chunk(base, CHUNK_SEGMENT);
-        stats::add_segments_in_use(1);
+        counters::record_segment(true);
         segment
     };
     if segment.is_null() {
@@ -115,25 +118,27 @@ fn large_map_header_below(usable: usize, align: usize) -> *mut Segment {
     // `[header, block + usable)`, which we keep.
     unsafe {
         if head > 0 {
-            os::unmap(raw, head);
+            arena::unmap(raw, head);
         }
         if tail > 0 {
-            os::unmap((block + usable) as *mut u8, tail);
+            arena::unmap((block + usable) as *mut u8, tail);
         }
     }
     let segment = header as *mut Segment;
-    // SAFETY: `header` starts a mapping of SEGMENT_SIZE + usable bytes we own.
+    // SAFETY: `header` starts a fresh (all zero) mapping of SEGMENT_SIZE +
+    // usable bytes we own.
     unsafe {
         Segment::init(
             segment,
             SegmentKind::Large,
             header as *mut u8,
             SEGMENT_SIZE + usable,
+            true,
         )
     };
     segment_map::set_chunk(header as *mut u8, CHUNK_SEGMENT);
     segment_map::set_chunk(block as *mut u8, CHUNK_HEADER_BELOW);
-    stats::add_segments_in_use(1);
+    counters::record_segment(true);
     // SAFETY: as above; the block starts SEGMENT_SIZE into the mapping.
     unsafe { install_block(segment, SEGMENT_SIZE, usable) };
     segment
@@ -154,28 +159,6 @@ unsafe fn install_block(segment: *mut Segment, offset: usize, usable: usize) {
         page.used = 1;
         (*segment).free_mask = 0;
         (*segment).used_pages = 1;
-    }
-}
-
-/// The block of a large segment.
-///
-/// # Safety
-/// `segment` is a live large segment.
-#[inline]
-pub unsafe fn large_block(segment: *mut Segment) -> *mut u8 {
-    // SAFETY: constant while the block is live.
-    unsafe { (*segment).pages[0].area }
-}
-
-/// Bytes the block of a large segment may grow to without moving.
-///
-/// # Safety
-/// `segment` is a live large segment.
-pub unsafe fn large_capacity(segment: *mut Segment) -> usize {
-    // SAFETY: constant fields of a live header.
-    unsafe {
-        let page: &Page = &(*segment).pages[0];
-        (*segment).map_base as usize + (*segment).map_size - page.area as usize
     }
 }
 
@@ -200,9 +183,9 @@ pub unsafe fn large_cacheable(segment: *mut Segment) -> bool {
 pub unsafe fn large_reuse(segment: *mut Segment, usable: usize) -> *mut u8 {
     // SAFETY: the cache handed the segment to the caller alone.
     unsafe {
-        debug_assert!(large_capacity(segment) >= usable);
+        debug_assert!((*segment).large_capacity() >= usable);
         if (*segment).purged {
-            stats::record_recommit(large_capacity(segment));
+            counters::record_recommit((*segment).large_capacity());
             (*segment).purged = false;
         }
         let page = &mut (*segment).pages[0];
@@ -213,7 +196,7 @@ pub unsafe fn large_reuse(segment: *mut Segment, usable: usize) -> *mut u8 {
 }
 
 /// Mark a freed large segment as cached: `used = 0`, so a second free of its
-/// block is reported (`heap::large_free`) instead of corrupting the cache.
+/// block is reported ([`assert_live`]) instead of corrupting the cache.
 /// The segment map keeps saying "segment": writing it here would make two
 /// threads' alloc/free loops share a cache line of the map (the bytes of
 /// neighbouring segments), which halved throughput at two threads.
@@ -238,8 +221,8 @@ pub unsafe fn large_purge(segment: *mut Segment, lazy: bool) {
     // SAFETY: the block area lies inside the mapping and is not in use.
     unsafe {
         let start = (*segment).pages[0].area;
-        let len = large_capacity(segment);
-        if os::purge(start, len, lazy) {
+        let len = (*segment).large_capacity();
+        if arena::purge(start, len, lazy) {
             (*segment).purged = true;
             (*segment).zeroed = !lazy;
         }
@@ -260,7 +243,7 @@ pub unsafe fn large_release(segment: *mut Segment) {
             segment_map::set_chunk(block, CHUNK_FOREIGN);
         }
         page.used = 0;
-        (*segment).release_page(0, 0);
+        (*segment).release_page(0);
         arena::segment_free(segment);
     }
 }
@@ -290,10 +273,7 @@ pub unsafe fn large_grow(segment: *mut Segment, usable: usize) -> *mut Segment {
             (*segment).pages[0].block_size = usable;
             return segment;
         }
-        if !arena::reserve_ok(new_size - old_size) {
-            return ptr::null_mut();
-        }
-        if os::grow_in_place(segment.cast(), old_size, new_size) {
+        if arena::grow_in_place(segment.cast(), old_size, new_size) {
             (*segment).map_size = new_size;
             (*segment).pages[0].block_size = usable;
             return segment;
@@ -306,9 +286,9 @@ pub unsafe fn large_grow(segment: *mut Segment, usable: usize) -> *mut Segment {
         // or another thread may map a segment there and have its map entry
         // overwritten by ours (its frees would then be "foreign").
         segment_map::set_chunk(segment.cast(), CHUNK_FOREIGN);
-        if !os::move_mapping(segment.cast(), old_size, target, new_size) {
+        if !arena::move_mapping(segment.cast(), old_size, target, new_size) {
             segment_map::set_chunk(segment.cast(), CHUNK_SEGMENT);
-            os::unmap(target, new_size);
+            arena::unmap(target, new_size);
             return ptr::null_mut();
         }
         let moved = target.cast::<Segment>();
@@ -318,5 +298,131 @@ pub unsafe fn large_grow(segment: *mut Segment, usable: usize) -> *mut Segment {
         (*moved).pages[0].block_size = usable;
         segment_map::set_chunk(target, CHUNK_SEGMENT);
         moved
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The tier: which cache serves a request, which keeps a freed block
+// ---------------------------------------------------------------------------
+
+/// Where a large block came from.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Origin {
+    /// The calling thread's own cache level.
+    LocalCache,
+    /// The shared level.
+    SharedCache,
+    /// A new mapping (or an empty segment of the arena's cache).
+    Mapped,
+}
+
+/// A large block of `size` bytes aligned to `align` (a power of two):
+/// from `local` (the calling thread's cache level, when it has one), the
+/// shared level, or a new mapping. With `zero`, its first `size` bytes read
+/// as zero (cleared only when the memory is not known to be zero already).
+/// Returns the block, its usable size and where it came from; `None` when
+/// the request is impossible or the OS refuses.
+pub fn alloc(
+    local: Option<&mut LocalLargeCache>,
+    size: usize,
+    align: usize,
+    zero: bool,
+) -> Option<(*mut u8, usize, Origin)> {
+    let usable = large_usable(size)?;
+    let (segment, origin) = if align <= OS_PAGE_SIZE && usable <= LARGE_CACHE_SIZE_MAX {
+        take_cached(local, usable)
+    } else {
+        (ptr::null_mut(), Origin::Mapped)
+    };
+    if !segment.is_null() {
+        // SAFETY: `[cache-ownership]`: the cache handed us the segment; its
+        // bin guarantees room for `usable`.
+        let p = unsafe { large_reuse(segment, usable) };
+        // SAFETY: as above; the block holds at least `size` bytes.
+        unsafe { clear_unless_zeroed(segment, p, size, zero) };
+        return Some((p, usable, origin));
+    }
+    let segment = large_map(usable, align);
+    if segment.is_null() {
+        return None;
+    }
+    // SAFETY: a fresh large segment of ours (`[large-segment]`).
+    unsafe {
+        let p = (*segment).large_block();
+        clear_unless_zeroed(segment, p, size, zero);
+        Some((p, (*segment).pages[0].block_size, Origin::Mapped))
+    }
+}
+
+/// A cached segment for `usable` bytes: the local level first, then the
+/// shared one (counting the shared level's hit or miss).
+fn take_cached(local: Option<&mut LocalLargeCache>, usable: usize) -> (*mut Segment, Origin) {
+    if let Some(local) = local {
+        let segment = local.take(usable);
+        if !segment.is_null() {
+            return (segment, Origin::LocalCache);
+        }
+    }
+    let segment = SHARED.take(usable);
+    counters::record_large_cache(!segment.is_null());
+    (segment, Origin::SharedCache)
+}
+
+/// Clear the first `size` bytes of the block `p` of `segment` when `zero`
+/// asks for it and the memory is not known to read as zero.
+///
+/// # Safety
+/// The caller holds `segment`, whose block `p` holds at least `size` bytes.
+unsafe fn clear_unless_zeroed(segment: *mut Segment, p: *mut u8, size: usize, zero: bool) {
+    // SAFETY: caller contract.
+    unsafe {
+        if zero && !(*segment).zeroed {
+            ptr::write_bytes(p, 0, size);
+        }
+    }
+}
+
+/// Abort with a report unless the block of `segment` is live (a second
+/// free of a large block finds `used == 0`).
+///
+/// # Safety
+/// `segment` is a live large segment header.
+pub unsafe fn assert_live(segment: *mut Segment) {
+    // SAFETY: caller contract; `[large-segment]`.
+    unsafe {
+        if (*segment).pages[0].used == 0 {
+            report::misuse(
+                "free",
+                (*segment).large_block(),
+                "double free of a large block",
+            );
+        }
+    }
+}
+
+/// Keep a freed large block for reuse: in `local` (the freeing thread's
+/// level, when it has one), else the shared level, else give it back.
+/// `stamp_ms` is its cache time (0: the next purge pass stamps it, so a
+/// free needs no clock read).
+///
+/// # Safety
+/// The caller holds `segment`, a large segment whose live block is being
+/// freed once (checked with [`assert_live`]), and unlinked it from any list.
+pub unsafe fn recycle(local: Option<&mut LocalLargeCache>, segment: *mut Segment, stamp_ms: u64) {
+    // SAFETY: caller contract.
+    unsafe {
+        if large_cacheable(segment) {
+            large_mark_cached(segment, stamp_ms);
+            let max = options::get(Opt::LargeCacheMax);
+            if let Some(local) = local {
+                if local.put(segment, max / 4) {
+                    return;
+                }
+            }
+            if SHARED.put(segment, max) {
+                return;
+            }
+        }
+        large_release(segment);
     }
 }

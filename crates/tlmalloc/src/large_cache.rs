@@ -1,31 +1,38 @@
-//! The large-block recycle cache: freed large blocks kept mapped for the
-//! next request that fits, so alloc/free loops at 256 KiB, 1 MiB or 32 MiB
-//! make no system call.
+//! The large-block recycle cache, as a plain container: freed large
+//! segments kept mapped for the next request that fits, so alloc/free loops
+//! at 256 KiB, 1 MiB or 32 MiB make no system call. Which block goes where,
+//! and what happens to a block the cache refuses or evicts, is decided by
+//! `large.rs` and `purge.rs` above; this file only stores and finds.
 //!
 //! Two levels, each bounded in bytes (of mapping):
-//! - **local**, in each `ThreadHeap`: 8 slots, a quarter of
-//!   `TLMALLOC_LARGE_CACHE_MAX`, plain loads and stores (owner only);
-//! - **shared**: per size class, 4 `AtomicPtr` slots; a put is one CAS of an
-//!   empty slot, a take one swap, and `SHARED_BYTES` bounds the total. No
-//!   lock, no list, so no ABA: a slot holds a segment or null.
+//! - **local** ([`LocalLargeCache`]), in each thread heap: 8 slots, a
+//!   quarter of `TLMALLOC_LARGE_CACHE_MAX`, plain loads and stores (owner only);
+//! - **shared** ([`SharedLargeCache`], one static instance [`SHARED`]): per
+//!   size class, 4 `AtomicPtr` slots; a put is one CAS of an empty slot, a
+//!   take one swap, and a byte counter bounds the total. No lock, no list,
+//!   so no ABA: a slot holds a segment or null. Puts and takes first peek
+//!   at a slot with a relaxed load, so a take racing a put may miss the
+//!   block just published: a cache miss, never a loss (modelled in
+//!   `tests/loom.rs`).
 //!
 //! A cached block keeps its class (the usable size it last had, which is
 //! what can be resident). A request of class `c` takes a block of class
-//! `c ..= c + CLASS_SLACK` (at most ~28 % larger) whose mapping has room.
-//! Cached blocks are purged after `TLMALLOC_PURGE_DELAY_MS` idle and
-//! unmapped after eight times that (`purge.rs`).
+//! `c ..= c + CLASS_SLACK` (at most ~28 % larger).
+//!
+//! Invariant `[cache-ownership]`: a segment in a slot of either level is a
+//! freed large segment (`[large-segment]`, `pages[0].used == 0`) that
+//! belongs to the cache alone; whoever takes it out (a take, or a `retain`
+//! callback that evicts it) owns it from then on. A block in bin `b` has a
+//! usable size of at least the bin's class size, so it can serve any
+//! request of bin `b` or below.
 
 use core::ptr;
 
-use crate::config::MEDIUM_SIZE_MAX;
-use crate::large;
-use crate::options::{self, Opt};
+use crate::config::{LARGE_CACHE_SIZE_MAX, MEDIUM_SIZE_MAX};
 use crate::segment::Segment;
 use crate::size_class::{class_of_const, CLASS_COUNT};
 use crate::sync::{AtomicPtr, AtomicUsize, Ordering};
 
-/// Large blocks up to this size are rounded to a class and recycled.
-pub const LARGE_CACHE_SIZE_MAX: usize = 128 << 20;
 const FIRST_CLASS: usize = CLASS_COUNT;
 const LAST_CLASS: usize = class_of_const(LARGE_CACHE_SIZE_MAX);
 /// Size classes of cacheable large blocks.
@@ -63,18 +70,6 @@ unsafe fn segment_bytes(segment: *mut Segment) -> usize {
     unsafe { (*segment).map_size }
 }
 
-/// Whether a cached `segment` can serve `usable` bytes of bin `bin`.
-///
-/// # Safety
-/// `segment` is a large segment held by the caller.
-unsafe fn fits(segment: *mut Segment, bin: usize, usable: usize) -> bool {
-    // SAFETY: caller contract.
-    unsafe {
-        let have = segment_bin(segment);
-        have >= bin && have <= bin + CLASS_SLACK && large::large_capacity(segment) >= usable
-    }
-}
-
 // ---------------------------------------------------------------------------
 // Local level
 // ---------------------------------------------------------------------------
@@ -94,65 +89,62 @@ impl LocalLargeCache {
         }
     }
 
-    /// Take the best-fitting block for `usable` bytes, or null.
+    /// Take the best-fitting block for `usable` bytes (a large class size), or null.
     pub fn take(&mut self, usable: usize) -> *mut Segment {
         let bin = bin_of(usable);
         let mut best = usize::MAX;
         let mut best_bin = usize::MAX;
         for (i, &segment) in self.slots.iter().enumerate() {
-            // SAFETY: non-null slots hold segments this cache owns.
-            if !segment.is_null() && unsafe { fits(segment, bin, usable) } {
-                // SAFETY: as above.
-                let have = unsafe { segment_bin(segment) };
-                if have < best_bin {
-                    best_bin = have;
-                    best = i;
-                    if have == bin {
-                        break;
-                    }
+            if segment.is_null() {
+                continue;
+            }
+            // SAFETY: `[cache-ownership]`: a non-null slot holds a segment of ours.
+            let have = unsafe { segment_bin(segment) };
+            if have >= bin && have <= bin + CLASS_SLACK && have < best_bin {
+                best_bin = have;
+                best = i;
+                if have == bin {
+                    break;
                 }
             }
         }
-        if best == usize::MAX {
+        let Some(slot) = self.slots.get_mut(best) else {
             return ptr::null_mut();
-        }
-        let segment = self.slots[best];
-        self.slots[best] = ptr::null_mut();
-        // SAFETY: we own it until handed out.
+        };
+        let segment = core::mem::replace(slot, ptr::null_mut());
+        // SAFETY: ours until handed out (`[cache-ownership]`).
         self.bytes -= unsafe { segment_bytes(segment) };
         segment
     }
 
-    /// Keep a freed block (already marked cached). Returns false when the
-    /// cache has no room for it under its byte bound.
+    /// Keep a freed block while the cache holds at most `max_bytes`.
+    /// Returns false (the caller keeps the block) when there is no room.
     ///
     /// # Safety
     /// The caller hands over `segment`, a freed cacheable large segment.
-    pub unsafe fn put(&mut self, segment: *mut Segment) -> bool {
+    pub unsafe fn put(&mut self, segment: *mut Segment, max_bytes: usize) -> bool {
         // SAFETY: caller contract.
         let bytes = unsafe { segment_bytes(segment) };
-        if self.bytes + bytes > options::get(Opt::LargeCacheMax) / 4 {
+        if self.bytes + bytes > max_bytes {
             return false;
         }
-        for slot in self.slots.iter_mut() {
-            if slot.is_null() {
-                *slot = segment;
-                self.bytes += bytes;
-                return true;
-            }
-        }
-        false
+        let Some(slot) = self.slots.iter_mut().find(|s| s.is_null()) else {
+            return false;
+        };
+        *slot = segment;
+        self.bytes += bytes;
+        true
     }
 
     /// Offer each cached segment to `evict`; when it returns true the
-    /// segment leaves the cache and `evict` has taken ownership of it.
+    /// segment leaves the cache and `evict` owns it.
     pub fn retain(&mut self, mut evict: impl FnMut(*mut Segment) -> bool) {
         for slot in self.slots.iter_mut() {
             let segment = *slot;
             if segment.is_null() {
                 continue;
             }
-            // SAFETY: we own it until `evict` takes it.
+            // SAFETY: ours until `evict` takes it (`[cache-ownership]`).
             let bytes = unsafe { segment_bytes(segment) };
             if evict(segment) {
                 *slot = ptr::null_mut();
@@ -171,105 +163,126 @@ impl LocalLargeCache {
 // Shared level
 // ---------------------------------------------------------------------------
 
-#[allow(clippy::declare_interior_mutable_const)]
-const EMPTY_SLOT: AtomicPtr<Segment> = AtomicPtr::new(ptr::null_mut());
-#[allow(clippy::declare_interior_mutable_const)]
-const EMPTY_BIN: [AtomicPtr<Segment>; SHARED_SLOTS] = [EMPTY_SLOT; SHARED_SLOTS];
+/// The process-wide level: slots per bin, lock-free.
+pub struct SharedLargeCache {
+    /// Each slot holds a cached segment (owned by the cache) or null.
+    slots: [[AtomicPtr<Segment>; SHARED_SLOTS]; BINS],
+    /// Bytes of mapping held (reserved before a put, so it never exceeds
+    /// the bound by more than one racing put's worth).
+    bytes: AtomicUsize,
+}
 
-/// Each slot holds a cached segment (owned by the cache) or null.
-static SHARED: [[AtomicPtr<Segment>; SHARED_SLOTS]; BINS] = [EMPTY_BIN; BINS];
-/// Bytes of mapping held by `SHARED` (reserved before a put, so it never
-/// exceeds the cap by more than one racing put's worth).
-static SHARED_BYTES: AtomicUsize = AtomicUsize::new(0);
+/// The shared level of the process.
+#[cfg(not(loom))]
+pub static SHARED: SharedLargeCache = SharedLargeCache::new();
 
-/// Put `segment` in its bin's slots without accounting.
-fn put_slot(bin: usize, segment: *mut Segment) -> bool {
-    for slot in &SHARED[bin] {
-        if slot.load(Ordering::Relaxed).is_null()
-            // Release: the header writes made before caching are visible to the taker.
-            && slot.compare_exchange(ptr::null_mut(), segment, Ordering::Release, Ordering::Relaxed).is_ok()
-        {
+impl SharedLargeCache {
+    /// An empty level.
+    #[cfg(not(loom))]
+    pub const fn new() -> Self {
+        SharedLargeCache {
+            slots: [const { [const { AtomicPtr::new(ptr::null_mut()) }; SHARED_SLOTS] }; BINS],
+            bytes: AtomicUsize::new(0),
+        }
+    }
+
+    /// An empty level (loom's atomics cannot be built in a `const fn`).
+    #[cfg(loom)]
+    pub fn new() -> Self {
+        SharedLargeCache {
+            slots: core::array::from_fn(|_| {
+                core::array::from_fn(|_| AtomicPtr::new(ptr::null_mut()))
+            }),
+            bytes: AtomicUsize::new(0),
+        }
+    }
+
+    /// Put `segment` in a free slot of `bin` without accounting.
+    fn put_slot(&self, bin: usize, segment: *mut Segment) -> bool {
+        for slot in &self.slots[bin] {
+            if slot.load(Ordering::Relaxed).is_null()
+                // Release: the header writes made before caching are visible to the taker.
+                && slot
+                    .compare_exchange(ptr::null_mut(), segment, Ordering::Release, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Offer a freed block, keeping the level at most `max_bytes`. Returns
+    /// false (the caller keeps the block) when the level is full.
+    ///
+    /// # Safety
+    /// The caller hands over `segment`, a freed cacheable large segment.
+    pub unsafe fn put(&self, segment: *mut Segment, max_bytes: usize) -> bool {
+        // SAFETY: caller contract.
+        let (bin, bytes) = unsafe { (segment_bin(segment), segment_bytes(segment)) };
+        if self.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes > max_bytes {
+            self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+            return false;
+        }
+        if self.put_slot(bin, segment) {
             return true;
         }
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+        false
     }
-    false
-}
 
-/// Offer a freed block to the shared level. Returns false (the caller keeps
-/// it) when the level is full.
-///
-/// # Safety
-/// The caller hands over `segment`, a freed cacheable large segment marked cached.
-pub unsafe fn shared_put(segment: *mut Segment) -> bool {
-    // SAFETY: caller contract.
-    let (bin, bytes) = unsafe { (segment_bin(segment), segment_bytes(segment)) };
-    let cap = options::get(Opt::LargeCacheMax);
-    if SHARED_BYTES.fetch_add(bytes, Ordering::Relaxed) + bytes > cap {
-        SHARED_BYTES.fetch_sub(bytes, Ordering::Relaxed);
-        return false;
-    }
-    if put_slot(bin, segment) {
-        return true;
-    }
-    SHARED_BYTES.fetch_sub(bytes, Ordering::Relaxed);
-    false
-}
-
-/// Take a block that can serve `usable` bytes from the shared level, or null.
-pub fn shared_take(usable: usize) -> *mut Segment {
-    let bin = bin_of(usable);
-    for (b, slots) in SHARED.iter().enumerate().skip(bin).take(CLASS_SLACK + 1) {
-        for slot in slots {
-            if slot.load(Ordering::Relaxed).is_null() {
-                continue;
-            }
-            // Acquire: pairs with the Release of the put.
-            let segment = slot.swap(ptr::null_mut(), Ordering::Acquire);
-            if segment.is_null() {
-                continue;
-            }
-            // SAFETY: the swap made the segment ours.
-            unsafe {
-                if large::large_capacity(segment) >= usable {
-                    SHARED_BYTES.fetch_sub(segment_bytes(segment), Ordering::Relaxed);
+    /// Take a block that can serve `usable` bytes (a large class size), or null.
+    pub fn take(&self, usable: usize) -> *mut Segment {
+        let bin = bin_of(usable);
+        for slots in self.slots.iter().skip(bin).take(CLASS_SLACK + 1) {
+            for slot in slots {
+                if slot.load(Ordering::Relaxed).is_null() {
+                    continue;
+                }
+                // Acquire: pairs with the Release of the put.
+                let segment = slot.swap(ptr::null_mut(), Ordering::Acquire);
+                if !segment.is_null() {
+                    // SAFETY: the swap made the segment ours (`[cache-ownership]`).
+                    let bytes = unsafe { segment_bytes(segment) };
+                    self.bytes.fetch_sub(bytes, Ordering::Relaxed);
                     return segment;
                 }
-                // Too small after all (its mapping was never grown): put it back.
-                if !put_slot(b, segment) {
-                    SHARED_BYTES.fetch_sub(segment_bytes(segment), Ordering::Relaxed);
-                    large::large_release(segment);
+            }
+        }
+        ptr::null_mut()
+    }
+
+    /// Visit every cached segment: `keep(segment)` may change it (purge
+    /// it) and says whether it stays; a segment that does not stay (or
+    /// whose slot a racing put took meanwhile) leaves the level and goes to
+    /// `release`, which owns it from then on.
+    pub fn sweep(
+        &self,
+        mut keep: impl FnMut(*mut Segment) -> bool,
+        mut release: impl FnMut(*mut Segment),
+    ) {
+        for (bin, slots) in self.slots.iter().enumerate() {
+            for slot in slots {
+                if slot.load(Ordering::Relaxed).is_null() {
+                    continue;
                 }
+                let segment = slot.swap(ptr::null_mut(), Ordering::Acquire);
+                if segment.is_null() {
+                    continue;
+                }
+                if keep(segment) && self.put_slot(bin, segment) {
+                    continue;
+                }
+                // SAFETY: the swap made the segment ours; it leaves the level now.
+                let bytes = unsafe { segment_bytes(segment) };
+                self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+                release(segment);
             }
         }
     }
-    ptr::null_mut()
-}
 
-/// Visit every segment of the shared level: `keep(segment)` may purge it
-/// and returns whether to keep it; a segment not kept is released.
-pub fn shared_sweep(mut keep: impl FnMut(*mut Segment) -> bool) {
-    for (bin, slots) in SHARED.iter().enumerate() {
-        for slot in slots {
-            if slot.load(Ordering::Relaxed).is_null() {
-                continue;
-            }
-            let segment = slot.swap(ptr::null_mut(), Ordering::Acquire);
-            if segment.is_null() {
-                continue;
-            }
-            if keep(segment) && put_slot(bin, segment) {
-                continue;
-            }
-            // SAFETY: the swap made the segment ours; its block is free.
-            unsafe {
-                SHARED_BYTES.fetch_sub(segment_bytes(segment), Ordering::Relaxed);
-                large::large_release(segment);
-            }
-        }
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
     }
-}
-
-/// Bytes held by the shared level.
-pub fn shared_bytes() -> usize {
-    SHARED_BYTES.load(Ordering::Relaxed)
 }

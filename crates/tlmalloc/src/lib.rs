@@ -16,57 +16,100 @@
 //! ```
 //!
 //! The C-style functions ([`malloc`], [`free`], [`realloc`], …) are what the
-//! `libtlmalloc.so` front end exports. See `ARCHITECTURE.md` for the design.
+//! `libtlmalloc.so` front end exports. See `ARCHITECTURE.md` for the design;
+//! the modules below are declared in their layering order (`LAYERS`): each
+//! names only modules declared before it.
 
 #![no_std]
-#![cfg_attr(not(loom), deny(clippy::undocumented_unsafe_blocks))]
-#![allow(clippy::new_without_default)] // const constructors of static-only types
+#![allow(clippy::new_without_default)]
+// const constructors of static-only types
+// The loom build compiles only the layers its models reach.
+#![cfg_attr(loom, allow(dead_code, unused_imports))]
 
 #[cfg(any(feature = "std", loom))]
 extern crate std;
 
+// Foundation: no OS, no globals.
 pub mod config;
+#[doc(hidden)]
+pub mod list;
 pub mod size_class;
 pub mod sync;
+mod text;
 
+// The one door to the OS.
+#[cfg(not(loom))]
+mod os;
+
+// Primitives over the OS.
+mod counters;
 #[doc(hidden)]
-pub mod abandoned;
+pub mod lock;
+#[cfg(not(loom))]
+pub mod options;
+#[cfg(not(loom))]
+mod report;
+
+// Metadata.
 #[doc(hidden)]
 pub mod page;
 #[doc(hidden)]
 pub mod segment;
-
 #[cfg(not(loom))]
-mod allocator_api;
+mod segment_map;
+
+// Memory.
+#[doc(hidden)]
+pub mod abandoned;
 #[cfg(not(loom))]
 mod arena;
 #[cfg(not(loom))]
+mod large;
 #[doc(hidden)]
-pub mod exit_report;
+pub mod large_cache;
 #[cfg(not(loom))]
-mod fork;
+mod purge;
+
+// The heap.
+#[cfg(all(not(loom), feature = "check"))]
+mod check;
 #[cfg(not(loom))]
 mod heap;
 #[cfg(not(loom))]
 mod heap_pool;
+
+// Registry and views.
 #[cfg(not(loom))]
-mod large;
+#[doc(hidden)]
+pub mod exit_report;
 #[cfg(not(loom))]
-mod large_cache;
-#[cfg(not(loom))]
-pub mod options;
-#[cfg(not(loom))]
-mod os;
-#[cfg(not(loom))]
-mod pool;
-#[cfg(not(loom))]
-mod purge;
-#[cfg(not(loom))]
-mod report;
-#[cfg(not(loom))]
-mod segment_map;
+mod registry;
 #[cfg(not(loom))]
 pub mod stats;
+
+// Thread life.
+#[cfg(not(loom))]
+mod fork;
+#[cfg(not(loom))]
+mod handover;
+#[cfg(not(loom))]
+mod init;
+
+// Paths.
+#[cfg(not(loom))]
+mod alloc;
+#[cfg(not(loom))]
+mod collect;
+#[cfg(not(loom))]
+mod free;
+
+// Front ends.
+#[cfg(not(loom))]
+mod allocator_api;
+#[cfg(not(loom))]
+mod api;
+#[cfg(not(loom))]
+mod pool;
 #[cfg(not(loom))]
 mod user_heap;
 
@@ -75,399 +118,9 @@ pub use api::*;
 #[cfg(not(loom))]
 pub use pool::{Pool, PoolBox};
 #[cfg(not(loom))]
-pub use stats::{stats, Stats};
+pub use stats::{stats, stats_into, Stats};
 #[cfg(not(loom))]
 #[doc(hidden)]
 pub use user_heap::raw as raw_heap;
 #[cfg(not(loom))]
 pub use user_heap::Heap;
-
-#[cfg(not(loom))]
-mod api {
-    use core::alloc::{GlobalAlloc, Layout};
-    use core::ptr;
-
-    use crate::config::{MEDIUM_SIZE_MAX, OS_PAGE_SIZE, SEGMENT_SIZE};
-    use crate::heap;
-    pub use crate::heap::HeapKind;
-    use crate::large;
-    use crate::page::Page;
-    use crate::report;
-    use crate::segment::{Segment, SegmentKind};
-    use crate::segment_map::{self, CHUNK_HEADER_BELOW, CHUNK_SEGMENT};
-    use crate::size_class::{class_of, class_size};
-
-    /// The tlmalloc global allocator.
-    ///
-    /// ```no_run
-    /// #[global_allocator]
-    /// static GLOBAL: tlmalloc::TlMalloc = tlmalloc::TlMalloc;
-    /// ```
-    #[derive(Clone, Copy, Debug, Default)]
-    pub struct TlMalloc;
-
-    // SAFETY: every method returns blocks that satisfy the layout (class sizes
-    // are multiples of the alignment the layout asks for, see size_class.rs),
-    // null on failure, and frees exactly the blocks it handed out.
-    unsafe impl GlobalAlloc for TlMalloc {
-        #[inline(always)]
-        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-            // The alignment is almost always a constant, so only one arm survives.
-            if layout.align() <= 8 {
-                heap::malloc(layout.size())
-            } else if layout.align() <= 16 {
-                // A block of 16 bytes or more is 16-aligned; only the 8-byte
-                // class is 8-aligned, and `max` keeps 16-aligned layouts out of it.
-                heap::malloc(layout.size().max(16))
-            } else {
-                heap::malloc_aligned(layout.size(), layout.align())
-            }
-        }
-
-        #[inline(always)]
-        unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
-            #[cfg(feature = "check")]
-            check_size("dealloc", p, layout.size(), layout.align());
-            if layout.align() <= 16 {
-                // SAFETY: GlobalAlloc's contract: `p` is a live block of ours,
-                // and with this alignment it is not a 4 MiB-aligned large block.
-                unsafe { heap::free_trusted(p) }
-            } else {
-                // SAFETY: `p` is a live block of ours.
-                unsafe { free(p) }
-            }
-        }
-
-        #[inline]
-        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-            if layout.size() > MEDIUM_SIZE_MAX && layout.align() <= OS_PAGE_SIZE {
-                // Memory fresh from the OS (or purged) is not cleared again.
-                return heap::large_alloc(layout.size(), layout.align(), true);
-            }
-            // SAFETY: forwarded GlobalAlloc contract.
-            let p = unsafe { self.alloc(layout) };
-            if !p.is_null() {
-                // SAFETY: the block holds at least `layout.size()` bytes.
-                unsafe { ptr::write_bytes(p, 0, layout.size()) };
-            }
-            p
-        }
-
-        #[inline]
-        unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-            if layout.align() <= 16 {
-                // SAFETY: `p` is a live block of ours of `layout.size()` bytes
-                // (GlobalAlloc contract), not a 4 MiB-aligned large one.
-                unsafe {
-                    let (segment, page) = locate_trusted(p);
-                    let q = try_resize(segment, page, p, new_size);
-                    if !q.is_null() {
-                        return q;
-                    }
-                }
-            }
-            // SAFETY: GlobalAlloc's contract on `new_size` and `p`.
-            unsafe {
-                let new_layout = Layout::from_size_align_unchecked(new_size, layout.align());
-                let q = self.alloc(new_layout);
-                if !q.is_null() {
-                    ptr::copy_nonoverlapping(p, q, layout.size().min(new_size));
-                    self.dealloc(p, layout);
-                }
-                q
-            }
-        }
-    }
-
-    /// The usable size a request of `n` bytes gets (the block size it is
-    /// served with), or `usize::MAX` when no block that large can exist.
-    pub fn good_size(n: usize) -> usize {
-        if n <= MEDIUM_SIZE_MAX {
-            class_size(class_of(n))
-        } else {
-            large::large_usable(n).unwrap_or(usize::MAX)
-        }
-    }
-
-    /// Allocate `size` bytes (16-byte aligned from 16 bytes up); null when
-    /// the request cannot be met.
-    #[inline(always)]
-    pub fn malloc(size: usize) -> *mut u8 {
-        heap::malloc(size)
-    }
-
-    /// Allocate `size` bytes aligned to `align`, a power of two; null when
-    /// the request cannot be met or `align` is not a power of two.
-    pub fn malloc_aligned(size: usize, align: usize) -> *mut u8 {
-        if !align.is_power_of_two() {
-            return ptr::null_mut();
-        }
-        heap::malloc_aligned(size, align)
-    }
-
-    /// Allocate `count * size` zeroed bytes; null on overflow or when out of memory.
-    pub fn calloc(count: usize, size: usize) -> *mut u8 {
-        let Some(total) = count.checked_mul(size) else {
-            set_errno_enomem();
-            return ptr::null_mut();
-        };
-        if total > MEDIUM_SIZE_MAX {
-            // Memory fresh from the OS (or purged) is not cleared again.
-            return heap::large_alloc(total, 16, true);
-        }
-        let p = heap::malloc(total);
-        if !p.is_null() {
-            // SAFETY: the block holds at least `total` bytes.
-            unsafe { ptr::write_bytes(p, 0, total) };
-        }
-        p
-    }
-
-    /// Free a block from [`malloc`], [`malloc_aligned`], [`calloc`] or
-    /// [`realloc`]. Null is ignored; a pointer tlmalloc did not hand out is
-    /// reported on standard error and the process aborts.
-    ///
-    /// # Safety
-    /// `p` is null or a block of this allocator that has not been freed.
-    #[inline(always)]
-    pub unsafe fn free(p: *mut u8) {
-        if segment_map::chunk_kind(p) == CHUNK_SEGMENT {
-            // SAFETY: the map says `p` is inside a live segment, and the
-            // caller promises it is a live block of ours.
-            unsafe { heap::free_trusted(p) }
-        } else {
-            // SAFETY: forwarded caller contract.
-            unsafe { free_unusual(p) }
-        }
-    }
-
-    /// Null, a block aligned to 4 MiB or more, or a foreign pointer.
-    #[cold]
-    #[inline(never)]
-    unsafe fn free_unusual(p: *mut u8) {
-        if p.is_null() {
-            return;
-        }
-        let (segment, _) = locate(p, "free");
-        // SAFETY: `locate` returned (it aborts on a foreign pointer), so `p`
-        // starts a block aligned to 4 MiB or more: a live large block
-        // (caller contract).
-        unsafe { heap::large_free(segment) }
-    }
-
-    /// The segment and page of `p`, or a report and abort when `p` is not
-    /// inside a tlmalloc segment.
-    fn locate(p: *mut u8, function: &str) -> (*mut Segment, *mut Page) {
-        let segment = match segment_map::chunk_kind(p) {
-            CHUNK_SEGMENT => Segment::of(p),
-            CHUNK_HEADER_BELOW => (Segment::of(p) as usize - SEGMENT_SIZE) as *mut Segment,
-            _ => report::misuse(function, p, "pointer was not allocated by tlmalloc"),
-        };
-        // SAFETY: the map says a live segment header is at `segment`, and
-        // `p` lies inside its mapping.
-        (segment, unsafe { Segment::page_of(segment, p) })
-    }
-
-    /// The segment and page of a live block known not to be 4 MiB-aligned.
-    ///
-    /// # Safety
-    /// `p` is a live block of ours outside the header-below case.
-    #[inline(always)]
-    unsafe fn locate_trusted(p: *mut u8) -> (*mut Segment, *mut Page) {
-        let segment = Segment::of(p);
-        // SAFETY: caller contract.
-        (segment, unsafe { Segment::page_of(segment, p) })
-    }
-
-    /// Resize the block of `page` without copying, if it allows: a block
-    /// large enough and not more than twice too large stays; a large block
-    /// grows into its mapping, extends it, or has its pages moved by the
-    /// kernel (`mremap`). Returns the block's (possibly new) address, or null
-    /// when the caller must allocate and copy.
-    ///
-    /// # Safety
-    /// `p` is a live block of `page` in `segment`, owned by the caller.
-    unsafe fn try_resize(
-        segment: *mut Segment,
-        page: *mut Page,
-        p: *mut u8,
-        new_size: usize,
-    ) -> *mut u8 {
-        // SAFETY: caller contract; a large block's page is touched only by
-        // the holder of its block.
-        unsafe {
-            let usable = (*page).block_size;
-            if stays_in_place(usable, new_size) {
-                return p;
-            }
-            // A user heap's large block is linked in its heap's list
-            // through the header, which `mremap` would move.
-            if (*segment).kind == SegmentKind::Large
-                && new_size > MEDIUM_SIZE_MAX
-                && new_size > usable
-                && (*segment).owner() == 0
-            {
-                let Some(wanted) = large::large_usable(new_size) else {
-                    return ptr::null_mut();
-                };
-                let grown = large::large_grow(segment, wanted);
-                if !grown.is_null() {
-                    heap::count_large_resize(usable, wanted);
-                    return large::large_block(grown);
-                }
-            }
-            ptr::null_mut()
-        }
-    }
-
-    /// Whether a block of `usable` bytes serves a resize to `new_size`
-    /// as it is: while the new size fits and wastes at most half of it
-    /// (small blocks, where moving would save little, always stay). With
-    /// the `check` feature, only when the block is the one a fresh request
-    /// of `new_size` would get, so a sized free can insist on an exact match.
-    #[inline]
-    pub(crate) fn stays_in_place(usable: usize, new_size: usize) -> bool {
-        if cfg!(feature = "check") {
-            new_size <= usable && good_size(new_size) == usable
-        } else {
-            new_size <= usable && (new_size >= usable / 2 || usable <= 128)
-        }
-    }
-
-    /// The usable size a fresh request of `size` bytes aligned to `align`
-    /// gets (what `malloc_aligned(size, align)` returns a block of).
-    pub(crate) fn expected_usable(size: usize, align: usize) -> usize {
-        match heap::pooled_size(size, align) {
-            Some(n) => class_size(class_of(n)),
-            None => large::large_usable(size).unwrap_or(usize::MAX),
-        }
-    }
-
-    /// With the `check` feature: abort with a one-line report unless `p`
-    /// (a live block, or null) is a block a request of `size` bytes aligned
-    /// to `align` gets. A wrong-size free caught here is caught the first
-    /// time: the page knows its block size.
-    #[cfg(feature = "check")]
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn check_size(function: &str, p: *mut u8, size: usize, align: usize) {
-        if p.is_null() {
-            return;
-        }
-        let (_, page) = locate(p, function);
-        // SAFETY: `page` describes the live block `p` (caller's contract).
-        let usable = unsafe { (*page).block_size };
-        if size > usable || expected_usable(size, align) != usable {
-            report::wrong_size(function, p, size, align, usable);
-        }
-    }
-
-    /// Free a block of `size` bytes (the size it was requested with, or
-    /// last resized to; C23 `free_sized`). With the `check` feature, a size
-    /// that does not match the block is reported and the process aborts.
-    ///
-    /// # Safety
-    /// As [`free`].
-    #[inline]
-    pub unsafe fn free_sized(p: *mut u8, size: usize) {
-        #[cfg(feature = "check")]
-        check_size("free_sized", p, size, 1);
-        #[cfg(not(feature = "check"))]
-        let _ = size;
-        // SAFETY: forwarded caller contract.
-        unsafe { free(p) }
-    }
-
-    /// Free a block of `size` bytes allocated with alignment `align` (C23
-    /// `free_aligned_sized`); checked like [`free_sized`].
-    ///
-    /// # Safety
-    /// As [`free`].
-    #[inline]
-    pub unsafe fn free_aligned_sized(p: *mut u8, align: usize, size: usize) {
-        #[cfg(feature = "check")]
-        check_size("free_aligned_sized", p, size, align);
-        #[cfg(not(feature = "check"))]
-        let _ = (size, align);
-        // SAFETY: forwarded caller contract.
-        unsafe { free(p) }
-    }
-
-    /// Resize a block (C `realloc` semantics except for size 0, which the C
-    /// front end decides): null `p` allocates; in place when the block
-    /// allows; otherwise moves, copying only `min(usable, new_size)` bytes.
-    /// Null (and `p` untouched) when out of memory.
-    ///
-    /// # Safety
-    /// `p` is null or a live block of this allocator.
-    pub unsafe fn realloc(p: *mut u8, new_size: usize) -> *mut u8 {
-        if p.is_null() {
-            return heap::malloc(new_size);
-        }
-        let (segment, page) = locate(p, "realloc");
-        // SAFETY: `p` is a live block (caller contract), found above.
-        unsafe {
-            let usable = (*page).block_size;
-            let moved = try_resize(segment, page, p, new_size);
-            if !moved.is_null() {
-                return moved;
-            }
-            let q = heap::malloc(new_size);
-            if !q.is_null() {
-                ptr::copy_nonoverlapping(p, q, usable.min(new_size));
-                free(p);
-            }
-            q
-        }
-    }
-
-    /// The usable size of a block (at least what was asked for); 0 for null.
-    ///
-    /// # Safety
-    /// `p` is null or a live block of this allocator.
-    pub unsafe fn usable_size(p: *const u8) -> usize {
-        if p.is_null() {
-            return 0;
-        }
-        let (_, page) = locate(p as *mut u8, "usable_size");
-        // SAFETY: `page` describes the live block `p` (caller contract).
-        unsafe { (*page).block_size }
-    }
-
-    /// Return memory the calling thread can return now: collect remote frees,
-    /// release empty pages, take over abandoned segments (releasing empty
-    /// ones) and unmap the segment cache.
-    pub fn collect() {
-        heap::collect();
-    }
-
-    /// [`collect`] with `force`; without it, only what is cheap and this
-    /// thread's own: collect its remote frees, release its empty pages and
-    /// purge what is due (`tl_collect(false)`).
-    pub fn collect_with(force: bool) {
-        if force {
-            heap::collect();
-        } else {
-            heap::collect_thread();
-        }
-    }
-
-    /// Which heap serves the calling thread (a thread that has not allocated
-    /// yet is `Empty`; one whose exit destructor ran is `Dead`).
-    pub fn thread_heap_kind() -> HeapKind {
-        heap::thread_heap_kind()
-    }
-
-    /// Set the calling thread's `errno` to `ENOMEM` (for the C front end,
-    /// which keeps every OS call inside this crate's `os` module).
-    pub fn set_errno_enomem() {
-        crate::os::set_errno(crate::os::ENOMEM);
-    }
-
-    /// Set the calling thread's `errno`.
-    pub fn set_errno(value: i32) {
-        crate::os::set_errno(value);
-    }
-
-    const _: () = assert!(OS_PAGE_SIZE.is_power_of_two());
-}

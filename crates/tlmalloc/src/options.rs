@@ -27,8 +27,10 @@
 use core::ffi::CStr;
 use core::fmt;
 
+use crate::lock::backoff;
 use crate::os;
 use crate::sync::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use crate::text::Text;
 
 /// Every variable name starts with this.
 pub const PREFIX: &str = "TLMALLOC_";
@@ -389,7 +391,7 @@ fn load(opt: Opt) -> usize {
 }
 
 fn warn_bad_value(name: &[u8], text: &[u8]) {
-    let mut line = Buf::<192>::new();
+    let mut line = Text::<192>::new();
     line.push(b"tlmalloc: warning: ignoring ");
     line.push(name);
     line.push(b"=");
@@ -410,18 +412,23 @@ pub(crate) fn init_process() {
     for opt in Opt::ALL {
         get(opt);
     }
-    os::for_each_env(|entry| {
-        let name = entry.split(|&b| b == b'=').next().unwrap_or(entry);
-        if is_unknown(name) {
-            let mut line = Buf::<192>::new();
-            line.push(b"tlmalloc: warning: unknown option ");
-            line.push(&name[..name.len().min(128)]);
-            line.push(b" (ignored)\n");
-            os::write_stderr(line.as_bytes());
-        }
-    });
+    os::for_each_env(warn_if_unknown);
     if get(Opt::Verbose) != 0 {
         print_options();
+    }
+}
+
+/// Warn about an environment entry `NAME=VALUE` whose name has our prefix
+/// but is no option.
+#[inline(never)]
+fn warn_if_unknown(entry: &[u8]) {
+    let name = entry.split(|&b| b == b'=').next().unwrap_or(entry);
+    if is_unknown(name) {
+        let mut line = Text::<192>::new();
+        line.push(b"tlmalloc: warning: unknown option ")
+            .push(name.get(..name.len().min(128)).unwrap_or(name))
+            .push(b" (ignored)\n");
+        os::write_stderr(line.as_bytes());
     }
 }
 
@@ -435,16 +442,18 @@ fn is_unknown(name: &[u8]) -> bool {
 
 /// One line per option on stderr:
 /// `tlmalloc: option TLMALLOC_X = <value> (<source>)`.
+#[inline(never)]
 fn print_options() {
-    for info in describe() {
-        let mut line = Buf::<{ VALUE_TEXT_MAX + 128 }>::new();
-        line.push(b"tlmalloc: option ");
-        line.push(info.name.as_bytes());
-        line.push(b" = ");
-        line.push(info.value.as_bytes());
-        line.push(b" (");
-        line.push(info.source.as_str().as_bytes());
-        line.push(b")\n");
+    for opt in Opt::ALL {
+        let value = ValueText::of(opt, get(opt));
+        let mut line = Text::<{ VALUE_TEXT_MAX + 128 }>::new();
+        line.push(b"tlmalloc: option ")
+            .str(opt.env_name())
+            .push(b" = ")
+            .push(value.as_bytes())
+            .push(b" (")
+            .str(source(opt).as_str())
+            .push(b")\n");
         os::write_stderr(line.as_bytes());
     }
 }
@@ -500,47 +509,13 @@ pub fn describe() -> impl Iterator<Item = OptionInfo> {
 /// Room for any option's value as text.
 const VALUE_TEXT_MAX: usize = STATS_JSON_PATH_MAX + 8;
 
-/// A fixed buffer that drops what does not fit.
-#[derive(Clone, Copy)]
-struct Buf<const N: usize> {
-    bytes: [u8; N],
-    len: usize,
-}
-
-impl<const N: usize> Buf<N> {
-    const fn new() -> Self {
-        Buf {
-            bytes: [0; N],
-            len: 0,
-        }
-    }
-
-    fn push(&mut self, s: &[u8]) {
-        for &b in s {
-            if let Some(slot) = self.bytes.get_mut(self.len) {
-                *slot = b;
-                self.len += 1;
-            }
-        }
-    }
-
-    fn push_decimal(&mut self, n: usize) {
-        let mut digits = [0u8; 20];
-        self.push(crate::report::decimal(n, &mut digits));
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..self.len]
-    }
-}
-
 /// An option's value as text (what its parser accepts), without allocating.
 #[derive(Clone, Copy)]
-pub struct ValueText(Buf<VALUE_TEXT_MAX>);
+pub struct ValueText(Text<VALUE_TEXT_MAX>);
 
 impl ValueText {
     fn of(opt: Opt, value: usize) -> ValueText {
-        let mut text = ValueText(Buf::new());
+        let mut text = ValueText(Text::new());
         SHOWS[opt as usize](value, &mut text);
         text
     }
@@ -570,27 +545,27 @@ impl fmt::Debug for ValueText {
 }
 
 fn show_number(v: usize, out: &mut ValueText) {
-    out.0.push_decimal(v);
+    out.0.decimal(v);
 }
 
 /// A size, with the largest suffix that divides it exactly.
 fn show_size(v: usize, out: &mut ValueText) {
     for (shift, suffix) in [(30, b"g"), (20, b"m"), (10, b"k")] {
         if v != 0 && v % (1usize << shift) == 0 {
-            out.0.push_decimal(v >> shift);
+            out.0.decimal(v >> shift);
             out.0.push(suffix);
             return;
         }
     }
-    out.0.push_decimal(v);
+    out.0.decimal(v);
 }
 
 fn show_purge_mode(v: usize, out: &mut ValueText) {
     match v {
         PURGE_DONTNEED => out.0.push(b"dontneed"),
         PURGE_FREE => out.0.push(b"free"),
-        _ => out.0.push_decimal(v),
-    }
+        _ => out.0.decimal(v),
+    };
 }
 
 fn show_thp(v: usize, out: &mut ValueText) {
@@ -598,8 +573,8 @@ fn show_thp(v: usize, out: &mut ValueText) {
         THP_SYSTEM => out.0.push(b"system"),
         THP_ALWAYS => out.0.push(b"always"),
         THP_NEVER => out.0.push(b"never"),
-        _ => out.0.push_decimal(v),
-    }
+        _ => out.0.decimal(v),
+    };
 }
 
 fn show_bool(v: usize, out: &mut ValueText) {
@@ -610,11 +585,11 @@ fn show_show_stats(v: usize, out: &mut ValueText) {
     match v {
         SHOW_STATS_OFF => out.0.push(b"off"),
         SHOW_STATS_ALL => out.0.push(b"all"),
-        v => {
-            out.0.push(b"pid:");
-            out.0.push_decimal(v.saturating_sub(SHOW_STATS_PID));
-        }
-    }
+        v => out
+            .0
+            .push(b"pid:")
+            .decimal(v.saturating_sub(SHOW_STATS_PID)),
+    };
 }
 
 /// The current path (the value is only its length), `""` when none.
@@ -624,7 +599,7 @@ fn show_path(v: usize, out: &mut ValueText) {
     match len {
         Some(n) if n > 0 => out.0.push(&buf[..n]),
         _ => out.0.push(b"\"\""),
-    }
+    };
 }
 
 // ---------------------------------------------------------------------------
@@ -792,11 +767,7 @@ impl PathSlot {
                 };
             }
             round = round.saturating_add(1);
-            if round > 64 {
-                os::yield_now();
-            } else {
-                core::hint::spin_loop();
-            }
+            backoff(round);
         }
     }
 
@@ -821,11 +792,7 @@ impl PathSlot {
                     return Some(len);
                 }
             }
-            if round > 64 {
-                os::yield_now();
-            } else {
-                core::hint::spin_loop();
-            }
+            backoff(round);
         }
         None
     }
@@ -1008,10 +975,10 @@ mod tests {
 
     #[test]
     fn decimal_formatting() {
-        let mut b = Buf::<32>::new();
-        b.push_decimal(0);
+        let mut b = Text::<32>::new();
+        b.decimal(0);
         b.push(b" ");
-        b.push_decimal(usize::MAX);
+        b.decimal(usize::MAX);
         assert_eq!(b.as_bytes(), b"0 18446744073709551615");
     }
 }

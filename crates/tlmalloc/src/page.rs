@@ -8,6 +8,7 @@
 
 use core::ptr;
 
+use crate::list::{Linked, Links};
 use crate::sync::{const_unless_loom, AtomicPtr, Ordering};
 
 /// A free block. While free, its first word links to the next free block;
@@ -81,18 +82,21 @@ impl ThreadFree {
 /// Page metadata, kept in its segment's header (never inside the page).
 ///
 /// Invariants, for a page in use (`in_use`):
-/// - `capacity + pin == used + len(free) + len(local_free)`: blocks threaded
-///   so far are on one of the owner's lists or counted in `used`, and `used` carries one
-///   more unit (`pin == 1`) while the page is its heap's current page of its
-///   class (see `heap::refresh_current`);
-/// - blocks on `thread_free` are counted in `used` until the owner collects them;
-/// - `capacity <= reserved`; blocks `capacity..reserved` of the area are untouched;
-/// - `used == 0` means no block is live and the page is not current: it may be released.
-///
-/// Field access: `thread_free` is shared (atomic); every other field is
-/// written only by the thread that owns the page's segment (or by whoever
-/// holds the segment while it is abandoned), and is constant while the page
-/// is in use where marked so.
+/// - `[page-accounting]`: `capacity + pin == used + len(free) + len(local_free)`:
+///   blocks threaded so far are on one of the owner's lists or counted in
+///   `used`, and `used` carries one more unit (`pin == 1`) while the page is
+///   its heap's current page of its class (see `HeapState::refresh_current`);
+///   blocks on `thread_free` are counted in `used` until the owner collects
+///   them; `used == 0` means no block is live and the page is not current:
+///   it may be released.
+/// - `[page-lists]`: `free` and `local_free` are null-terminated lists of
+///   free blocks of this page, each block on at most one list, its first
+///   word the link; `capacity <= reserved`; blocks `capacity..reserved` of
+///   the area are untouched.
+/// - `[page-owner]`: `thread_free` is shared (atomic); every other field is
+///   written only by the holder of the page's segment (its owning heap, or
+///   whoever took it off the abandoned list), and is constant while the
+///   page is in use where marked so.
 #[repr(C, align(64))]
 pub struct Page {
     /// Owner: blocks ready to hand out (malloc pops here).
@@ -118,10 +122,8 @@ pub struct Page {
     pub block_size: usize,
     /// Shared: blocks freed by other threads.
     pub thread_free: ThreadFree,
-    /// Owner: the next page of the same class in the heap's queue.
-    pub next: *mut Page,
-    /// Owner: the previous page of the same class in the heap's queue.
-    pub prev: *mut Page,
+    /// Owner: links in the heap's queue of the page's class.
+    pub links: Links<Page>,
     /// Constant while in use: the first block.
     pub area: *mut u8,
 }
@@ -149,8 +151,7 @@ impl Page {
                 _pad: 0,
                 block_size: 0,
                 thread_free: ThreadFree::new(),
-                next: ptr::null_mut(),
-                prev: ptr::null_mut(),
+                links: Links::new(),
                 area: ptr::null_mut(),
             }
         }
@@ -168,8 +169,7 @@ impl Page {
         self.in_use = true;
         self.queued = false;
         self.block_size = block_size;
-        self.next = ptr::null_mut();
-        self.prev = ptr::null_mut();
+        self.links = Links::new();
         self.area = area;
     }
 
@@ -191,9 +191,9 @@ impl Page {
     /// `page` is a valid page the calling thread owns, or the static empty page.
     #[inline(always)]
     pub unsafe fn pop(page: *mut Page) -> *mut Block {
-        // SAFETY: `page` is valid (caller contract); blocks on `free` are free
-        // blocks of the page whose first word is a valid link (Page invariant);
-        // the writes happen only for a non-empty list, so never to the static page.
+        // SAFETY: `page` is valid (caller contract); `[page-lists]`: a block
+        // on `free` starts with a valid link; the writes happen only for a
+        // non-empty list, so never to the static empty page.
         unsafe {
             let block = (*page).free;
             if !block.is_null() {
@@ -211,7 +211,7 @@ impl Page {
     /// `block` is a live block of this page, freed once, by the owner.
     #[inline(always)]
     pub unsafe fn push_local(&mut self, block: *mut Block) -> bool {
-        // SAFETY: the caller hands the block back; it is ours to link.
+        // SAFETY: the caller hands the block back (contract); it is ours to link.
         unsafe { (*block).next = self.local_free };
         self.local_free = block;
         self.used -= 1;
@@ -229,8 +229,8 @@ impl Page {
         self.local_free = ptr::null_mut();
         if !self.free.is_null() {
             let mut tail = head;
-            // SAFETY: `local_free` is a null-terminated list of this page's
-            // free blocks (Page invariant), owned by the caller.
+            // SAFETY: `[page-lists]`: `local_free` is a null-terminated list of
+            // this page's free blocks, and `&mut self` makes them ours.
             unsafe {
                 while !(*tail).next.is_null() {
                     tail = (*tail).next;
@@ -274,8 +274,8 @@ impl Page {
         }
         let step = (extend_bytes / self.block_size).clamp(1, remaining as usize) as u32;
         let size = self.block_size;
-        // SAFETY: blocks `capacity .. capacity + step` lie inside the area
-        // (`capacity + step <= reserved`) and were never handed out.
+        // SAFETY: `[page-lists]`: blocks `capacity .. capacity + step` lie
+        // inside the area (`capacity + step <= reserved`) and were never handed out.
         unsafe {
             let first = self.area.add(self.capacity as usize * size);
             let mut block = first;
@@ -295,5 +295,13 @@ impl Page {
     #[inline]
     pub fn is_unused(&self) -> bool {
         self.used == 0
+    }
+}
+
+// SAFETY: `links` is the page's own field.
+unsafe impl Linked for Page {
+    unsafe fn links(item: *mut Self) -> *mut Links<Self> {
+        // SAFETY: caller contract: `item` is a live page.
+        unsafe { ptr::addr_of_mut!((*item).links) }
     }
 }

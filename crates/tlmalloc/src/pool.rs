@@ -18,7 +18,10 @@ use core::marker::PhantomData;
 use core::ops::{Deref, DerefMut};
 use core::ptr::{self, NonNull};
 
-use crate::heap;
+use crate::alloc;
+use crate::api;
+use crate::config::SEGMENT_SIZE;
+use crate::free::free_trusted;
 use crate::size_class::class_of_const;
 
 /// A typed allocation pool for `T`, constant-constructible.
@@ -47,7 +50,7 @@ impl<T> Pool<T> {
 
     /// The pooled class (the rule `malloc_aligned` follows), or
     /// `usize::MAX` when `T` is served as a large block.
-    const CLASS: usize = match heap::pooled_size(Self::SIZE, core::mem::align_of::<T>()) {
+    const CLASS: usize = match alloc::pooled_size(Self::SIZE, core::mem::align_of::<T>()) {
         Some(n) => class_of_const(n),
         None => usize::MAX,
     };
@@ -59,7 +62,7 @@ impl<T> Pool<T> {
 
     /// The usable size of each of this pool's blocks.
     pub fn block_size(&self) -> usize {
-        crate::expected_usable(Self::SIZE, core::mem::align_of::<T>())
+        api::expected_usable(Self::SIZE, core::mem::align_of::<T>())
     }
 
     /// Move `value` into a block of the pool. Aborts with a message when
@@ -83,9 +86,9 @@ impl<T> Pool<T> {
             });
         }
         let p = if Self::CLASS != usize::MAX {
-            heap::alloc_class_for_pool(Self::CLASS)
+            alloc::alloc_class_for_pool(Self::CLASS)
         } else {
-            heap::malloc_aligned(Self::SIZE, core::mem::align_of::<T>())
+            alloc::malloc_aligned(Self::SIZE, core::mem::align_of::<T>())
         };
         let Some(ptr) = NonNull::new(p.cast::<T>()) else {
             return Err(value);
@@ -166,7 +169,7 @@ unsafe fn free_block<T>(p: *mut T) {
         return;
     }
     #[cfg(feature = "check")]
-    crate::check_size(
+    api::check_size(
         "PoolBox::drop",
         p.cast(),
         Pool::<T>::SIZE,
@@ -176,10 +179,10 @@ unsafe fn free_block<T>(p: *mut T) {
     // SAFETY: a live block of ours; only alignments of 4 MiB and more need
     // the checked free (their header lies below the block).
     unsafe {
-        if layout.align() >= crate::config::SEGMENT_SIZE {
-            crate::free(p.cast());
+        if layout.align() >= SEGMENT_SIZE {
+            api::free(p.cast());
         } else {
-            heap::free_trusted(p.cast());
+            free_trusted(p.cast());
         }
     }
 }

@@ -2,14 +2,20 @@
 //! goes back to the OS (`MADV_DONTNEED`, or `MADV_FREE` with
 //! `TLMALLOC_PURGE_MODE=free`), in batches, never per free.
 //!
+//! This file is the policy — when something is due and what a pass does to
+//! a segment or a cache — over data its callers own: a heap passes its
+//! segments, its large-block cache level and its [`PurgeClock`].
+//!
 //! What drives it: every slow path of a thread heap (a page refill, a page
-//! emptied, a large alloc or free) counts down `PURGE_TICK_CALLS`; at zero
-//! it reads the coarse monotonic clock (vDSO, no system call) and, when
-//! `next_purge_ms` has passed, purges:
+//! emptied, a large alloc or free) ticks its `PurgeClock`, which counts
+//! down `PURGE_TICK_CALLS`; at zero it reads the coarse monotonic clock
+//! (vDSO, no system call) and, when the heap's next pass is due, the heap
+//! purges:
 //! - the free pages of its own segments dirty for the delay (coalesced ranges);
 //! - its local large-block cache: purged after the delay, unmapped after 8×;
 //! - once per interval for the whole process (one thread elected by a CAS):
-//!   the shared large-block cache and the empty-segment cache, likewise.
+//!   the shared large-block cache and the empty-segment cache, likewise
+//!   ([`purge_shared`]).
 //!
 //! Frees never read the clock: a page released or a large block cached
 //! since the last pass carries a 0 stamp, and the next pass stamps it with
@@ -22,14 +28,11 @@
 //! read the clock.
 
 use crate::arena;
-use crate::config::OS_PAGE_SIZE;
-use crate::heap::ThreadHeap;
 use crate::large;
-use crate::large_cache;
+use crate::large_cache::{LocalLargeCache, SHARED};
 use crate::options::{self, Opt, PURGE_FREE};
 use crate::os;
-use crate::segment::{Segment, SEGMENT_HEADER_SIZE};
-use crate::stats;
+use crate::segment::Segment;
 use crate::sync::{AtomicUsize, Ordering};
 
 /// Slow-path calls between two clock reads.
@@ -67,176 +70,85 @@ impl PurgePolicy {
     }
 }
 
-/// Purge the free pages of `segment` that have been dirty for the delay.
-///
-/// # Safety
-/// The caller owns `segment` (a small or medium segment).
-pub unsafe fn purge_dirty_pages(
-    segment: *mut Segment,
-    now_ms: u64,
-    policy: PurgePolicy,
-    force: bool,
-) {
-    // SAFETY: owner access; every dirty slot is a free page of ours.
-    unsafe {
-        let s = &mut *segment;
-        if s.dirty_mask == 0 {
-            return;
-        }
-        if !force {
-            if s.dirty_since_ms == 0 {
-                // Freed since the last pass: its idle time starts now.
-                s.dirty_since_ms = now_ms;
-                return;
-            }
-            if now_ms.saturating_sub(s.dirty_since_ms) < policy.delay_ms {
-                return;
-            }
-        }
-        let base = segment as usize;
-        let shift = s.page_shift;
-        let first_area = (base + SEGMENT_HEADER_SIZE + OS_PAGE_SIZE - 1) & !(OS_PAGE_SIZE - 1);
-        let mut mask = s.dirty_mask & s.free_mask;
-        while mask != 0 {
-            let start_index = mask.trailing_zeros();
-            let run = (!(mask >> start_index)).trailing_zeros(); // consecutive dirty slots
-            let start = (base + ((start_index as usize) << shift)).max(first_area);
-            let end = base + (((start_index + run) as usize) << shift);
-            let run_mask = if run >= 64 {
-                u64::MAX
-            } else {
-                ((1u64 << run) - 1) << start_index
-            };
-            if end <= start || os::purge(start as *mut u8, end - start, policy.lazy) {
-                // Purged (or nothing to purge: the header's own slot part).
-                s.purged_mask |= run_mask;
-            }
-            if start_index + run >= 64 {
-                break;
-            }
-            mask &= !(((1u64 << run) - 1) << start_index);
-        }
-        s.dirty_mask = 0;
-    }
+/// A heap's purge schedule: a countdown of slow-path calls to the next
+/// clock read, and the time its next pass is due.
+pub struct PurgeClock {
+    next_purge_ms: u64,
+    countdown: u32,
 }
 
-/// The bytes a purge of page slot `index` gives back (slot 0 keeps the
-/// header's OS pages).
-fn slot_purge_bytes(segment: *mut Segment, index: usize) -> usize {
-    let base = segment as usize;
-    // SAFETY: `page_shift` is constant while the segment is mapped.
-    let shift = unsafe { (*segment).page_shift };
-    let first_area = (base + SEGMENT_HEADER_SIZE + OS_PAGE_SIZE - 1) & !(OS_PAGE_SIZE - 1);
-    let start = (base + (index << shift)).max(first_area);
-    let end = base + ((index + 1) << shift);
-    end.saturating_sub(start)
-}
-
-/// Page slot `index` was just claimed: if it had been purged, its memory
-/// counts as committed again.
-///
-/// # Safety
-/// The caller holds `segment` (a small or medium segment).
-pub unsafe fn reuse_page_slot(segment: *mut Segment, index: usize) {
-    // SAFETY: holder access (caller contract).
-    unsafe {
-        let bit = 1u64 << index;
-        if (*segment).purged_mask & bit != 0 {
-            (*segment).purged_mask &= !bit;
-            stats::record_recommit(slot_purge_bytes(segment, index));
+impl PurgeClock {
+    /// A clock whose first tick reads the time.
+    pub const fn new() -> Self {
+        PurgeClock {
+            next_purge_ms: 0,
+            countdown: 1,
         }
     }
-}
 
-/// `segment` leaves its holder (to the segment cache or the OS): whatever
-/// of it was purged counts as committed again, so that the cache's own
-/// accounting (whole segments) and `munmap` start from a clean slate.
-///
-/// # Safety
-/// The caller holds `segment`.
-pub unsafe fn recommit_purged(segment: *mut Segment) {
-    // SAFETY: holder access (caller contract).
-    unsafe {
-        if (*segment).kind == crate::segment::SegmentKind::Large {
-            if (*segment).purged {
-                stats::record_recommit(large::large_capacity(segment));
-                (*segment).purged = false;
-            }
-            return;
+    /// Count one slow-path call; every `PURGE_TICK_CALLS` calls read the
+    /// clock, and when a pass is due return the time (and schedule the
+    /// next one). The caller then runs the pass.
+    #[inline]
+    pub fn tick(&mut self) -> Option<(u64, PurgePolicy)> {
+        if self.countdown > 1 {
+            self.countdown -= 1;
+            return None;
         }
-        let mut mask = (*segment).purged_mask;
-        (*segment).purged_mask = 0;
-        while mask != 0 {
-            let index = mask.trailing_zeros() as usize;
-            mask &= mask - 1;
-            stats::record_recommit(slot_purge_bytes(segment, index));
-        }
+        self.countdown = PURGE_TICK_CALLS;
+        self.due_now()
     }
-}
 
-/// Count down to a clock read; purge what is due. Called on slow paths.
-///
-/// # Safety
-/// The calling thread owns `heap`, a thread heap.
-#[inline]
-pub unsafe fn tick(heap: *mut ThreadHeap) {
-    // SAFETY: owner access (caller contract).
-    unsafe {
-        let countdown = ThreadHeap::purge_countdown(heap);
-        if *countdown > 1 {
-            *countdown -= 1;
-            return;
-        }
-        *countdown = PURGE_TICK_CALLS;
-        tick_now(heap);
-    }
-}
-
-#[cold]
-#[inline(never)]
-unsafe fn tick_now(heap: *mut ThreadHeap) {
-    let now = os::now_ms();
-    // SAFETY: owner access (caller contract).
-    unsafe {
-        if now < ThreadHeap::next_purge_ms(heap) {
-            return;
+    #[cold]
+    #[inline(never)]
+    fn due_now(&mut self) -> Option<(u64, PurgePolicy)> {
+        let now = os::now_ms();
+        if now < self.next_purge_ms {
+            return None;
         }
         let policy = PurgePolicy::current();
-        ThreadHeap::set_next_purge_ms(heap, now + interval_ms(policy.delay_ms));
-        ThreadHeap::purge_owned(heap, now, policy, false);
+        self.next_purge_ms = now + interval_ms(policy.delay_ms);
+        Some((now, policy))
     }
-    purge_shared(now, false);
 }
 
-/// Purge (or, with `force`, release) the process-wide caches if this
-/// thread wins the interval's election (or unconditionally with `force`).
-pub fn purge_shared(now_ms: u64, force: bool) {
-    let policy = PurgePolicy::current();
+/// Purge the free pages of `segment` that have been dirty for the delay
+/// (all of them with `force`).
+pub fn purge_dirty_pages(segment: &mut Segment, now_ms: u64, policy: PurgePolicy, force: bool) {
+    if segment.dirty_mask == 0 {
+        return;
+    }
     if !force {
-        let next = NEXT_SHARED_PURGE_MS.load(Ordering::Relaxed) as u64;
-        if now_ms < next {
+        if segment.dirty_since_ms == 0 {
+            // Freed since the last pass: its idle time starts now.
+            segment.dirty_since_ms = now_ms;
             return;
         }
-        let due = (now_ms + interval_ms(policy.delay_ms)) as usize;
-        if NEXT_SHARED_PURGE_MS
-            .compare_exchange(next as usize, due, Ordering::Relaxed, Ordering::Relaxed)
-            .is_err()
-        {
-            return; // another thread runs this interval's pass
+        if now_ms.saturating_sub(segment.dirty_since_ms) < policy.delay_ms {
+            return;
         }
     }
-    large_cache::shared_sweep(|segment| {
-        if force {
-            return false;
+    let mut mask = segment.dirty_mask & segment.free_mask;
+    while mask != 0 {
+        let first = mask.trailing_zeros() as usize;
+        let run = (!(mask >> first)).trailing_zeros() as usize; // consecutive dirty slots
+        let (start, _) = segment.slot_purge_range(first);
+        let (last_start, last_len) = segment.slot_purge_range(first + run - 1);
+        let end = last_start + last_len;
+        let run_mask = if run >= 64 {
+            u64::MAX
+        } else {
+            ((1u64 << run) - 1) << first
+        };
+        // SAFETY: the slots are free pages of the caller's segment: nothing
+        // uses their memory, and the range is page-aligned and mapped.
+        if end <= start || unsafe { arena::purge(start as *mut u8, end - start, policy.lazy) } {
+            // Purged (or nothing to purge: the header's own part of slot 0).
+            segment.purged_mask |= run_mask;
         }
-        // SAFETY: the sweep handed us the segment until we return.
-        unsafe { keep_cached_large(segment, now_ms, policy) }
-    });
-    if force {
-        arena::cache_flush();
-    } else {
-        arena::cache_purge(now_ms, policy.delay_ms, policy.lazy);
+        mask &= !run_mask;
     }
+    segment.dirty_mask = 0;
 }
 
 /// Purge a cached large segment idle for the delay; say whether to keep it
@@ -261,5 +173,53 @@ pub unsafe fn keep_cached_large(segment: *mut Segment, now_ms: u64, policy: Purg
             large::large_purge(segment, policy.lazy);
         }
         true
+    }
+}
+
+/// Purge a heap's local large-block cache (with `force`: release all of it).
+pub fn purge_local_cache(
+    cache: &mut LocalLargeCache,
+    now_ms: u64,
+    policy: PurgePolicy,
+    force: bool,
+) {
+    cache.retain(|segment| {
+        // SAFETY: `[cache-ownership]`: the cache lends us the segment for the call.
+        if !force && unsafe { keep_cached_large(segment, now_ms, policy) } {
+            return false;
+        }
+        // SAFETY: evicted: ours to release, its block is free.
+        unsafe { large::large_release(segment) };
+        true
+    });
+}
+
+/// Purge (or, with `force`, release) the process-wide caches if this
+/// thread wins the interval's election (or unconditionally with `force`).
+pub fn purge_shared(now_ms: u64, force: bool) {
+    let policy = PurgePolicy::current();
+    if !force {
+        let next = NEXT_SHARED_PURGE_MS.load(Ordering::Relaxed) as u64;
+        if now_ms < next {
+            return;
+        }
+        let due = (now_ms + interval_ms(policy.delay_ms)) as usize;
+        if NEXT_SHARED_PURGE_MS
+            .compare_exchange(next as usize, due, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return; // another thread runs this interval's pass
+        }
+    }
+    SHARED.sweep(
+        // SAFETY: `[cache-ownership]`: the sweep lends us the segment for the call.
+        |segment| !force && unsafe { keep_cached_large(segment, now_ms, policy) },
+        // SAFETY: out of the cache: ours, its block free.
+        |segment| unsafe { large::large_release(segment) },
+    );
+    if force {
+        arena::cache_flush();
+    } else {
+        arena::cache_purge(now_ms, policy.delay_ms, policy.lazy);
     }
 }

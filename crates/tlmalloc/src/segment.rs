@@ -6,12 +6,14 @@
 //! `segment_map`), and `(ptr - segment) >> page_shift` indexes its page, so
 //! a free finds size and owner in O(1) with no per-block header.
 
-use core::ptr;
+use core::ptr::{self, addr_of_mut};
 
 use crate::config::{
-    LARGE_PAGE_SHIFT, MEDIUM_PAGES_PER_SEGMENT, MEDIUM_PAGE_SHIFT, PAGES_PER_SEGMENT,
+    LARGE_PAGE_SHIFT, MEDIUM_PAGES_PER_SEGMENT, MEDIUM_PAGE_SHIFT, OS_PAGE_SIZE, PAGES_PER_SEGMENT,
     POOL_ALIGN_MAX, SEGMENT_MASK, SMALL_PAGE_SHIFT,
 };
+use crate::counters;
+use crate::list::{Linked, Links};
 use crate::page::Page;
 use crate::size_class::natural_alignment;
 use crate::sync::{AtomicUsize, Ordering};
@@ -61,19 +63,31 @@ impl SegmentKind {
 /// The header at the start of every segment.
 ///
 /// Invariants:
-/// - `owner` is the address of the `ThreadHeap` that may use the owner-only
-///   fields of this segment and of its pages, or 0 when no heap may (an
-///   abandoned segment, held by the abandoned list, or a large segment, whose
-///   single block needs no owner). Only the current holder changes it.
-/// - `used_pages == popcount(all_pages_mask(kind) & !free_mask)`.
-/// - a page slot is `in_use` exactly when its bit in `free_mask` is clear.
-/// - `map_base .. map_base + map_size` is the OS mapping that contains the
-///   segment; the segment is unmapped or cached only when `used_pages == 0`.
+/// - `[segment-header]`: for every block the allocator handed out (outside
+///   the header-below case of `segment_map`), `block & !SEGMENT_MASK` is a
+///   live header, and `pages[(block - header) >> page_shift]` describes it.
+/// - `[segment-owner]`: `owner` is the address of the heap that may use the
+///   holder-only fields of this segment and of its pages, or 0 when no heap
+///   may use them locally: an abandoned segment (held by the abandoned list,
+///   then by its adopter), or a large segment of no user heap (its single
+///   block is freed through the slow path by whichever thread frees it).
+///   A large block of a user heap has `owner` = that heap, so its free
+///   unlinks it from the heap's list. Only the current holder changes it.
+/// - `[segment-pages]`: `used_pages == popcount(all_pages_mask(kind) & !free_mask)`,
+///   and a page slot is `in_use` exactly when its bit in `free_mask` is clear.
+/// - `[segment-mapping]`: `map_base .. map_base + map_size` is the OS mapping
+///   that contains the segment; the segment is unmapped or cached only when
+///   `used_pages == 0`.
+/// - `[large-segment]`: a large segment's one block is described by
+///   `pages[0]` (`area`: its start; `block_size`: its usable size; `used`:
+///   1 while live, 0 once freed), the block ends inside the mapping, and no
+///   other page slot is ever read.
 ///
 /// Field access: `owner` is shared (atomic, read by every freeing thread);
-/// `kind`, `page_shift`, `map_base`, `map_size` are constant while mapped;
-/// the rest belong to the holder (the owning heap, or the abandoned list's
-/// lock while abandoned).
+/// `kind`, `page_shift`, `map_base`, `map_size` are constant while mapped
+/// (`map_size` changes only when a large block's mapping grows, by the
+/// block's holder); the rest belong to the holder (the owning heap, the
+/// abandoned list's lock, or the cache that keeps the segment).
 #[repr(C, align(64))]
 pub struct Segment {
     /// Shared: the owning heap's address, or 0.
@@ -90,10 +104,9 @@ pub struct Segment {
     /// Holder: page slots in use.
     pub used_pages: u32,
     _pad2: u32,
-    /// Holder: the next segment in the holder's list.
-    pub next: *mut Segment,
-    /// Holder: the previous segment in the holder's list.
-    pub prev: *mut Segment,
+    /// Holder: links in the holder's list (a heap's segment list, a user
+    /// heap's large blocks, the abandoned list).
+    pub links: Links<Segment>,
     /// Constant: start of the OS mapping holding this segment.
     pub map_base: *mut u8,
     /// Constant while held (changes only when a large block's mapping grows):
@@ -139,9 +152,9 @@ impl Segment {
     /// `segment` is a live segment header and `p` lies inside its mapping.
     #[inline(always)]
     pub unsafe fn page_of(segment: *mut Segment, p: *const u8) -> *mut Page {
-        // SAFETY: the caller guarantees `segment` is a live header; `page_shift`
-        // is constant while mapped and maps every offset of the mapping to a
-        // slot below `page_count` (Segment invariant).
+        // SAFETY: `segment` is a live header (caller contract); `[segment-header]`:
+        // the constant `page_shift` maps every offset of the mapping to a slot
+        // of the table.
         unsafe {
             let index = (p as usize - segment as usize) >> (*segment).page_shift;
             ptr::addr_of_mut!((*segment).pages)
@@ -150,48 +163,59 @@ impl Segment {
         }
     }
 
-    /// A fresh header for a segment of `kind` in the mapping `map_base ..
-    /// map_base + map_size` (null/0 for a detached model-test header).
-    pub fn header(kind: SegmentKind, map_base: *mut u8, map_size: usize) -> Segment {
-        Segment {
-            owner: AtomicUsize::new(0),
-            page_shift: kind.page_shift(),
-            kind,
-            list: 0,
-            _pad: 0,
-            free_mask: kind.all_pages_mask(),
-            used_pages: 0,
-            _pad2: 0,
-            next: ptr::null_mut(),
-            prev: ptr::null_mut(),
-            map_base,
-            map_size,
-            dirty_mask: 0,
-            dirty_since_ms: 0,
-            cached_at_ms: 0,
-            zeroed: true,
-            purged: false,
-            _pad3: [0; 6],
-            purged_mask: 0,
-            _pad4: [0; 2],
-            pages: core::array::from_fn(|_| Page::new()),
-        }
-    }
-
-    /// Write a fresh header for a segment of `kind` at `segment`.
+    /// Write a fresh header for a segment of `kind` in the mapping
+    /// `map_base .. map_base + map_size`, field by field in place: no
+    /// header is ever built on the stack and copied (it is 8 KiB). The page
+    /// table is cleared only when `memory_zeroed` is false (memory fresh
+    /// from the OS reads as zero, which is what an unused page slot is), and
+    /// then only the slots `kind` uses. The header reads `zeroed` true
+    /// when `memory_zeroed` is.
     ///
     /// # Safety
-    /// `segment` points to at least `SEGMENT_HEADER_SIZE` writable bytes that
-    /// hold no live header.
-    #[cfg(not(loom))]
+    /// `segment` points to at least `SEGMENT_HEADER_SIZE` writable bytes,
+    /// aligned for `Segment`, that hold no live header; with
+    /// `memory_zeroed`, every byte of them is zero.
     pub unsafe fn init(
         segment: *mut Segment,
         kind: SegmentKind,
         map_base: *mut u8,
         map_size: usize,
+        memory_zeroed: bool,
     ) {
-        // SAFETY: the caller guarantees the memory is ours to overwrite.
-        unsafe { ptr::write(segment, Segment::header(kind, map_base, map_size)) };
+        // SAFETY: the caller gives us the memory (contract); each write
+        // goes to a field of the header inside it.
+        unsafe {
+            addr_of_mut!((*segment).owner).write(AtomicUsize::new(0));
+            addr_of_mut!((*segment).page_shift).write(kind.page_shift());
+            addr_of_mut!((*segment).kind).write(kind);
+            addr_of_mut!((*segment).list).write(0);
+            addr_of_mut!((*segment)._pad).write(0);
+            addr_of_mut!((*segment).free_mask).write(kind.all_pages_mask());
+            addr_of_mut!((*segment).used_pages).write(0);
+            addr_of_mut!((*segment)._pad2).write(0);
+            addr_of_mut!((*segment).links).write(Links::new());
+            addr_of_mut!((*segment).map_base).write(map_base);
+            addr_of_mut!((*segment).map_size).write(map_size);
+            addr_of_mut!((*segment).dirty_mask).write(0);
+            addr_of_mut!((*segment).dirty_since_ms).write(0);
+            addr_of_mut!((*segment).cached_at_ms).write(0);
+            addr_of_mut!((*segment).zeroed).write(memory_zeroed);
+            addr_of_mut!((*segment).purged).write(false);
+            addr_of_mut!((*segment)._pad3).write([0; 6]);
+            addr_of_mut!((*segment).purged_mask).write(0);
+            addr_of_mut!((*segment)._pad4).write([0; 2]);
+        }
+        // Loom's atomics carry model state, so under loom every slot is
+        // constructed whatever the memory holds.
+        if !memory_zeroed || cfg!(loom) {
+            // SAFETY: a field address inside the caller's memory.
+            let pages = unsafe { addr_of_mut!((*segment).pages) }.cast::<Page>();
+            for index in 0..kind.page_count() {
+                // SAFETY: slot `index < page_count <= PAGES_PER_SEGMENT` lies
+                // in the header (caller contract).
+                unsafe { pages.add(index).write(Page::new()) };
+            }
+        }
     }
 
     /// The owning heap's address (0: none).
@@ -213,25 +237,75 @@ impl Segment {
     }
 
     /// Claim the lowest unused page slot, or `None` when all are in use.
+    /// A slot that had been purged counts as committed again.
     pub fn claim_page(&mut self) -> Option<usize> {
         if self.free_mask == 0 {
             return None;
         }
         let index = self.free_mask.trailing_zeros() as usize;
-        self.free_mask &= !(1u64 << index);
-        self.dirty_mask &= !(1u64 << index);
+        let bit = 1u64 << index;
+        self.free_mask &= !bit;
+        self.dirty_mask &= !bit;
         self.used_pages += 1;
+        if self.purged_mask & bit != 0 {
+            self.purged_mask &= !bit;
+            counters::record_recommit(self.slot_purge_range(index).1);
+        }
         Some(index)
+    }
+
+    /// The bytes of page slot `index` a purge gives back: its start and
+    /// length (slot 0 keeps the header's OS pages).
+    pub fn slot_purge_range(&self, index: usize) -> (usize, usize) {
+        let base = self as *const Segment as usize;
+        let first_area = (base + SEGMENT_HEADER_SIZE + OS_PAGE_SIZE - 1) & !(OS_PAGE_SIZE - 1);
+        let start = (base + (index << self.page_shift)).max(first_area);
+        let end = base + ((index + 1) << self.page_shift);
+        (start, end.saturating_sub(start))
+    }
+
+    /// The segment leaves its holder (to the segment cache or the OS):
+    /// whatever of it was purged counts as committed again, so that the
+    /// cache's accounting (whole segments) and `munmap` start clean.
+    pub fn recommit_purged(&mut self) {
+        if self.kind == SegmentKind::Large {
+            if self.purged {
+                counters::record_recommit(self.large_capacity());
+                self.purged = false;
+            }
+            return;
+        }
+        let mut mask = self.purged_mask;
+        self.purged_mask = 0;
+        while mask != 0 {
+            let index = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            counters::record_recommit(self.slot_purge_range(index).1);
+        }
+    }
+
+    /// The block of a large segment (`[large-segment]`).
+    #[inline]
+    pub fn large_block(&self) -> *mut u8 {
+        self.pages[0].area
+    }
+
+    /// Bytes the block of a large segment may grow to without moving: up
+    /// to the end of its mapping.
+    pub fn large_capacity(&self) -> usize {
+        self.map_base as usize + self.map_size - self.pages[0].area as usize
     }
 
     /// Give page slot `index` back to the segment (its memory stays resident
     /// until a purge, which `dirty_mask` schedules from `now_ms`). Returns
     /// true when the segment has no page in use any more.
-    pub fn release_page(&mut self, index: usize, now_ms: u64) -> bool {
+    pub fn release_page(&mut self, index: usize) -> bool {
         debug_assert!(self.free_mask & (1u64 << index) == 0);
         if self.pages[index].capacity > 0 {
             if self.dirty_mask == 0 {
-                self.dirty_since_ms = now_ms; // 0: stamped by the next purge pass
+                // Unstamped: the next purge pass stamps it with its own clock
+                // (so a free never reads the clock).
+                self.dirty_since_ms = 0;
             }
             self.dirty_mask |= 1u64 << index;
         }
@@ -239,6 +313,26 @@ impl Segment {
         self.free_mask |= 1u64 << index;
         self.used_pages -= 1;
         self.used_pages == 0
+    }
+
+    /// Collect the remote frees of every page in use (`[page-accounting]`:
+    /// `used` drops by what was collected) and return the mask of those
+    /// pages that have no live block left. The holder runs this when a
+    /// segment changes hands (thread exit, adoption), with no page of it
+    /// queued, so no page carries a pin.
+    pub fn collect_remote_frees(&mut self) -> u64 {
+        let mut empty = 0u64;
+        let mut in_use = self.kind.all_pages_mask() & !self.free_mask;
+        while in_use != 0 {
+            let index = in_use.trailing_zeros() as usize;
+            in_use &= in_use - 1;
+            let page = &mut self.pages[index];
+            page.collect_remote();
+            if page.is_unused() {
+                empty |= 1u64 << index;
+            }
+        }
+        empty
     }
 
     /// The index of `page` in this segment's table.
@@ -268,5 +362,13 @@ impl Segment {
         let area = (first + align - 1) & !(align - 1);
         let count = page_end.saturating_sub(area) / block_size;
         (area as *mut u8, count as u32)
+    }
+}
+
+// SAFETY: `links` is the segment's own field.
+unsafe impl Linked for Segment {
+    unsafe fn links(item: *mut Self) -> *mut Links<Self> {
+        // SAFETY: caller contract: `item` is a live header.
+        unsafe { addr_of_mut!((*item).links) }
     }
 }

@@ -23,8 +23,22 @@ use core::cell::Cell;
 use core::marker::PhantomData;
 use core::ptr::{self, NonNull};
 
+use crate::alloc::{alloc_class, large_alloc, pooled_size};
+use crate::api;
+use crate::arena;
+use crate::collect::sweep;
 use crate::config::SEGMENT_SIZE;
-use crate::heap::{self, ThreadHeap};
+use crate::counters;
+use crate::free::{free_local, free_trusted};
+use crate::heap::{HeapKind, ThreadHeap, LIST_COUNT};
+use crate::heap_pool;
+use crate::init::{ensure_process_init, thread_heap_or_init};
+use crate::large;
+use crate::os;
+use crate::purge::PurgePolicy;
+use crate::registry;
+use crate::segment::{Segment, SegmentKind};
+use crate::size_class::{class_of, CLASS_COUNT};
 
 /// A heap of its own: allocations from it share nothing with the calling
 /// thread's heap, and [`Heap::destroy`] (or dropping it) releases all of
@@ -70,7 +84,7 @@ impl Heap {
 
     /// A new, empty heap, or `None` when out of memory.
     pub fn try_new() -> Option<Heap> {
-        NonNull::new(heap::user_heap_new()).map(|raw| Heap {
+        NonNull::new(user_heap_new()).map(|raw| Heap {
             raw,
             _single_user: PhantomData,
         })
@@ -81,19 +95,19 @@ impl Heap {
     pub fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: `raw` is live while `self` is, and `!Sync` makes this
         // thread its only user now.
-        unsafe { heap::user_heap_alloc(self.raw.as_ptr(), layout.size(), layout.align(), false) }
+        unsafe { user_heap_alloc(self.raw.as_ptr(), layout.size(), layout.align(), false) }
     }
 
     /// As [`Heap::alloc`], with the block's first `layout.size()` bytes zeroed.
     pub fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: as in `alloc`.
-        unsafe { heap::user_heap_alloc(self.raw.as_ptr(), layout.size(), layout.align(), true) }
+        unsafe { user_heap_alloc(self.raw.as_ptr(), layout.size(), layout.align(), true) }
     }
 
     /// Allocate `size` bytes (16-byte aligned from 16 bytes up), like `malloc`.
     pub fn malloc(&self, size: usize) -> *mut u8 {
         // SAFETY: as in `alloc`.
-        unsafe { heap::user_heap_alloc(self.raw.as_ptr(), size, 8, false) }
+        unsafe { user_heap_alloc(self.raw.as_ptr(), size, 8, false) }
     }
 
     /// Free a block through this heap: a block of this heap is freed with
@@ -106,15 +120,15 @@ impl Heap {
     #[inline]
     pub unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
         #[cfg(feature = "check")]
-        crate::check_size("Heap::dealloc", p, layout.size(), layout.align());
+        api::check_size("Heap::dealloc", p, layout.size(), layout.align());
         if layout.align() >= SEGMENT_SIZE {
             // SAFETY: forwarded contract; `free` finds headers below blocks.
-            unsafe { crate::free(p) };
+            unsafe { api::free(p) };
             return;
         }
         // SAFETY: live block, not 4 MiB-aligned (checked above); `!Sync`
         // makes this thread the heap's only user.
-        unsafe { heap::user_heap_free(self.raw.as_ptr(), p) }
+        unsafe { user_heap_free(self.raw.as_ptr(), p) }
     }
 
     /// Resize a block of this heap to `new_size` bytes: in place when the
@@ -126,9 +140,9 @@ impl Heap {
     /// rounded up to `layout.align()`, does not overflow `isize`.
     pub unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: forwarded contract: `p` is a live block.
-        let usable = unsafe { crate::usable_size(p) };
-        if crate::stays_in_place(usable, new_size)
-            && crate::expected_usable(new_size, layout.align()) <= usable
+        let usable = unsafe { api::usable_size(p) };
+        if api::stays_in_place(usable, new_size)
+            && api::expected_usable(new_size, layout.align()) <= usable
         {
             return p;
         }
@@ -149,7 +163,7 @@ impl Heap {
     /// threads are collected, empty pages released, free pages purged.
     pub fn collect(&self) {
         // SAFETY: `raw` is live; this thread is its only user now.
-        unsafe { heap::user_heap_collect(self.raw.as_ptr()) }
+        unsafe { user_heap_collect(self.raw.as_ptr()) }
     }
 
     /// Release all of the heap's memory at once, blocks still live
@@ -170,13 +184,153 @@ impl Drop for Heap {
         // SAFETY: `raw` is live and ours alone (`&mut self`); no borrow of
         // the heap outlives it, so no `Allocator` user holds a block of it.
         // Raw pointers obtained from `alloc` dangle now, as documented.
-        unsafe { heap::user_heap_destroy(self.raw.as_ptr()) }
+        unsafe { user_heap_destroy(self.raw.as_ptr()) }
     }
 }
 
 impl core::fmt::Debug for Heap {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Heap").field("at", &self.raw).finish()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The heap operations behind `Heap` and the C `tl_heap_*` calls
+// ---------------------------------------------------------------------------
+
+/// A new, empty user heap, or null when out of memory.
+fn user_heap_new() -> *mut ThreadHeap {
+    let heap = heap_pool::heap_alloc();
+    if heap.is_null() {
+        return heap;
+    }
+    // SAFETY: a heap from the pool is unused memory of the right size.
+    unsafe { ThreadHeap::init(heap, HeapKind::User) };
+    // Process set-up (which may re-enter malloc: `atexit`, `pthread_atfork`)
+    // must run with a thread heap installed, as it does from a first malloc.
+    thread_heap_or_init();
+    ensure_process_init();
+    // SAFETY: a new live heap, on no registry.
+    unsafe { registry::add(heap) };
+    heap
+}
+
+/// Allocate `size` bytes aligned to `align` (a power of two) from a user
+/// heap; zeroed with `zero`. Null when out of memory.
+///
+/// # Safety
+/// `heap` is a live user heap and the calling thread its only user now.
+unsafe fn user_heap_alloc(heap: *mut ThreadHeap, size: usize, align: usize, zero: bool) -> *mut u8 {
+    if let Some(n) = pooled_size(size, align) {
+        let p = alloc_class(heap, class_of(n));
+        if zero && !p.is_null() {
+            // SAFETY: the block holds at least `size` bytes.
+            unsafe { ptr::write_bytes(p, 0, size) };
+        }
+        return p;
+    }
+    let p = large_alloc(size, align, zero);
+    if p.is_null() {
+        return p;
+    }
+    let segment = if align >= SEGMENT_SIZE {
+        (Segment::of(p) as usize - SEGMENT_SIZE) as *mut Segment
+    } else {
+        Segment::of(p)
+    };
+    // SAFETY: a large segment just handed to us, on no list; the heap's
+    // lock orders its links against frees from other threads.
+    unsafe {
+        let mut list = (*heap).owned_large().lock();
+        list.push_front(segment);
+        (*segment).set_owner(heap as usize);
+    }
+    p
+}
+
+/// Free `p` through its user heap: a plain local free when the heap owns
+/// the block (no atomic), the general free otherwise.
+///
+/// # Safety
+/// `heap` is a live user heap the calling thread uses now; `p` is a live
+/// block of this allocator that does not start a block aligned to 4 MiB or
+/// more.
+unsafe fn user_heap_free(heap: *mut ThreadHeap, p: *mut u8) {
+    let segment = Segment::of(p);
+    // SAFETY: `[segment-header]`: `p` lies in a live segment (caller contract).
+    unsafe {
+        if (*segment).owner() == heap as usize && (*segment).kind != SegmentKind::Large {
+            free_local(&*heap, Segment::page_of(segment, p), p);
+        } else {
+            free_trusted(p);
+        }
+    }
+}
+
+/// Return what a user heap can return now: collect frees, release empty
+/// pages, purge its free pages.
+///
+/// # Safety
+/// `heap` is a live user heap the calling thread uses now.
+unsafe fn user_heap_collect(heap: *mut ThreadHeap) {
+    // SAFETY: `[heap-owner]`: we are the heap's only user (caller contract).
+    let state = unsafe { (*heap).state() };
+    sweep(state);
+    state.purge_owned(os::now_ms(), PurgePolicy::current(), true);
+}
+
+/// Release every page, segment and large block of a user heap, live
+/// blocks included, and the heap itself.
+///
+/// # Safety
+/// `heap` is a live user heap the calling thread uses now; no block of it
+/// is used or freed afterwards (a thread still freeing into it races with
+/// the unmapping: that is the caller's bug).
+unsafe fn user_heap_destroy(heap: *mut ThreadHeap) {
+    // SAFETY: caller contract: the heap and everything it owns are ours.
+    let (h, state) = unsafe { (&*heap, (*heap).state()) };
+    loop {
+        // SAFETY: the list's lock is held for the pop.
+        let Some(segment) = (unsafe { h.owned_large().lock().pop_front() }) else {
+            break;
+        };
+        // SAFETY: a live large block of this heap, off its list now.
+        unsafe {
+            h.counters.large_frees.bump();
+            h.counters
+                .large_bytes_freed
+                .add((*segment).pages[0].block_size);
+            (*segment).set_owner(0);
+            large::large_release(segment);
+        }
+    }
+    // Unqueue every page first: that drops the pins, so `used` is then the
+    // page's live blocks (after collecting remote frees).
+    for class in 0..CLASS_COUNT {
+        while state.unqueue_first(class).is_some() {}
+    }
+    for list in 0..LIST_COUNT {
+        while let Some(segment) = state.unlist_first(list) {
+            // SAFETY: `[segment-lists]`: the heap's own segment, off its lists.
+            unsafe {
+                for index in 0..(*segment).kind.page_count() {
+                    let page = &mut (*segment).pages[index];
+                    if !page.in_use {
+                        continue;
+                    }
+                    page.collect_remote();
+                    h.counters.class_frees[page.class as usize].add(page.used as usize);
+                    counters::record_page(1usize << (*segment).page_shift, false);
+                }
+                (*segment).set_owner(0);
+                arena::segment_free(segment);
+            }
+        }
+    }
+    // SAFETY: the heap is registered; nobody allocates from it again.
+    unsafe {
+        registry::remove(heap);
+        heap_pool::heap_free(heap);
     }
 }
 
@@ -187,7 +341,7 @@ pub mod raw {
 
     /// A new user heap, or null when out of memory.
     pub fn heap_new() -> *mut core::ffi::c_void {
-        heap::user_heap_new().cast()
+        user_heap_new().cast()
     }
 
     /// Allocate `size` bytes aligned to `align` from `h` (zeroed with `zero`).
@@ -202,7 +356,7 @@ pub mod raw {
         zero: bool,
     ) -> *mut u8 {
         // SAFETY: caller contract.
-        unsafe { heap::user_heap_alloc(h.cast(), size, align, zero) }
+        unsafe { user_heap_alloc(h.cast(), size, align, zero) }
     }
 
     /// Collect what `h` can return now.
@@ -211,7 +365,7 @@ pub mod raw {
     /// As [`heap_alloc`].
     pub unsafe fn heap_collect(h: *mut core::ffi::c_void) {
         // SAFETY: caller contract.
-        unsafe { heap::user_heap_collect(h.cast()) }
+        unsafe { user_heap_collect(h.cast()) }
     }
 
     /// Destroy `h` and all of its blocks.
@@ -220,6 +374,6 @@ pub mod raw {
     /// As [`heap_alloc`]; no block of `h` is used or freed afterwards.
     pub unsafe fn heap_destroy(h: *mut core::ffi::c_void) {
         // SAFETY: caller contract.
-        unsafe { heap::user_heap_destroy(h.cast()) }
+        unsafe { user_heap_destroy(h.cast()) }
     }
 }

@@ -3,18 +3,31 @@
 //!
 //! 1. Remote frees (`ThreadFree::push`) racing the owner's local frees and
 //!    `Page::collect_remote`: every block comes back exactly once.
-//! 2. Thread exit hand-over: the owner abandons a segment while another
-//!    thread frees into it and a third adopts it: ownership passes through
-//!    the abandoned list, and every block still comes back exactly once.
+//! 2. Thread exit racing a remote free and an adoption: the exiting owner
+//!    settles its segment with `Segment::collect_remote_frees` and
+//!    `Abandoned::abandon` (what `handover::abandon_heap` runs per
+//!    segment) while another thread frees into it and a third adopts it
+//!    (`Abandoned::adopt`, then `collect_remote_frees`, as
+//!    `handover::adopt` does): ownership passes through the abandoned
+//!    list, and every block still comes back exactly once.
+//! 3. The shared large-block cache (`SharedLargeCache`) under concurrent
+//!    put and take: no segment is lost or handed out twice, and the byte
+//!    count returns to what is cached.
+//!
+//! Loom tracks the atomics and the orderings between them; it does not
+//! track plain memory reached through raw pointers, which the protocols'
+//! orderings are what make safe.
 #![cfg(loom)]
 
 use std::boxed::Box;
 use std::collections::BTreeSet;
+use std::mem::MaybeUninit;
 use std::vec::Vec;
 
 use loom::sync::Arc;
 use loom::thread;
 use tlmalloc::abandoned::Abandoned;
+use tlmalloc::large_cache::SharedLargeCache;
 use tlmalloc::page::{Block, Page};
 use tlmalloc::segment::{Segment, SegmentKind};
 
@@ -36,19 +49,27 @@ impl<T> Clone for Shared<T> {
     }
 }
 impl<T> Copy for Shared<T> {}
+// SAFETY: the models pass the pointer between threads exactly as the
+// protocols under test do; each test says who may touch what.
 unsafe impl<T> Send for Shared<T> {}
+// SAFETY: as above.
 unsafe impl<T> Sync for Shared<T> {}
 
-/// A segment whose page 0 has `n` blocks, all handed out.
-fn segment_with_blocks(n: usize, owner: usize) -> (Shared<Segment>, Vec<usize>) {
-    let segment = Box::leak(Box::new(Segment::header(
-        SegmentKind::Small,
-        std::ptr::null_mut(),
-        0,
-    )));
+/// A segment header of `kind` in leaked memory, written in place by the
+/// real initialiser (`map_size` bytes of pretend mapping).
+fn header(kind: SegmentKind, map_size: usize) -> *mut Segment {
+    let memory: &mut MaybeUninit<Segment> = Box::leak(Box::new(MaybeUninit::uninit()));
+    let segment = memory.as_mut_ptr();
+    // SAFETY: fresh, writable, aligned memory for one header; not zeroed.
+    unsafe { Segment::init(segment, kind, segment.cast(), map_size, false) };
     segment
-        .owner
-        .store(owner, loom::sync::atomic::Ordering::Relaxed);
+}
+
+/// A small segment whose page 0 has `n` blocks, all handed out.
+fn segment_with_blocks(n: usize, owner: usize) -> (Shared<Segment>, Vec<usize>) {
+    // SAFETY: a header of our own, not shared yet.
+    let segment = unsafe { &mut *header(SegmentKind::Small, 0) };
+    segment.set_owner(owner);
     let index = segment.claim_page().unwrap();
     let area = blocks(n);
     let page = &mut segment.pages[index];
@@ -56,6 +77,7 @@ fn segment_with_blocks(n: usize, owner: usize) -> (Shared<Segment>, Vec<usize>) 
     assert!(page.extend(usize::MAX));
     let mut handed = Vec::new();
     for _ in 0..n {
+        // SAFETY: the page is ours and carved.
         let b = unsafe { Page::pop(page) };
         assert!(!b.is_null());
         handed.push(b as usize);
@@ -69,6 +91,7 @@ fn free_list(page: &Page) -> BTreeSet<usize> {
     let mut b = page.free;
     while !b.is_null() {
         assert!(seen.insert(b as usize), "block on the free list twice");
+        // SAFETY: blocks on the free list are live model blocks.
         b = unsafe { (*b).next };
     }
     seen
@@ -78,17 +101,21 @@ fn free_list(page: &Page) -> BTreeSet<usize> {
 fn remote_frees_race_owner_collect() {
     loom::model(|| {
         let (segment, handed) = segment_with_blocks(3, 1);
+        // SAFETY: the segment is live for the whole model.
         let page = Shared(unsafe { &mut (*segment.0).pages[0] as *mut Page });
         let remote: Vec<_> = handed[..2]
             .iter()
             .map(|&b| {
                 thread::spawn(move || {
                     let page = page;
+                    // SAFETY: a live block of the page, freed once; only the
+                    // atomic `thread_free` is touched from this thread.
                     unsafe { (*page.0).thread_free.push(b as *mut Block) };
                 })
             })
             .collect();
         // The owner frees its own block and collects while the others push.
+        // SAFETY: the owner's fields are touched only by this thread.
         unsafe {
             (*page.0).push_local(handed[2] as *mut Block);
             (*page.0).collect_remote();
@@ -96,10 +123,12 @@ fn remote_frees_race_owner_collect() {
         for t in remote {
             t.join().unwrap();
         }
+        // SAFETY: every other thread has finished.
         unsafe {
             (*page.0).collect_remote();
             (*page.0).collect_local();
         }
+        // SAFETY: as above.
         let page = unsafe { &*page.0 };
         assert_eq!(page.used, 0);
         assert_eq!(free_list(page), handed.iter().copied().collect());
@@ -107,7 +136,7 @@ fn remote_frees_race_owner_collect() {
 }
 
 #[test]
-fn abandon_while_freeing_then_adopt() {
+fn thread_exit_races_remote_free_and_adoption() {
     const OWNER: usize = 1;
     const FREER: usize = 2;
     const ADOPTER: usize = 3;
@@ -123,25 +152,34 @@ fn abandon_while_freeing_then_adopt() {
             let b = handed[0];
             thread::spawn(move || {
                 let segment = segment;
+                // SAFETY: the header outlives the model; only atomics are read here.
                 let s = unsafe { &*segment.0 };
                 assert_ne!(s.owner(), FREER);
                 // (The model's blocks live outside the segment, so the page is
                 // named directly instead of found by address arithmetic.)
+                // SAFETY: a live block of page 0, freed once.
                 unsafe { s.pages[0].thread_free.push(b as *mut Block) };
             })
         };
 
-        // The owner exits: frees its own block, collects, abandons.
+        // The owner exits: frees its own block, settles the segment as
+        // `handover::abandon_heap` does, and abandons what is still in use.
         let exiting = {
             let abandoned = abandoned.clone();
             let b = handed[1];
             thread::spawn(move || {
                 let segment = segment;
+                // SAFETY: the owner holds the segment until `abandon`.
                 let s = unsafe { &mut *segment.0 };
                 assert_eq!(s.owner(), OWNER);
+                // SAFETY: a live block of page 0, freed once, by its owner.
                 unsafe { s.pages[0].push_local(b as *mut Block) };
-                s.pages[0].collect_remote();
-                unsafe { abandoned.abandon(segment.0) };
+                let empty = s.collect_remote_frees();
+                if empty == 0 {
+                    // SAFETY: ours, on no list, a page still in use.
+                    unsafe { abandoned.abandon(segment.0) };
+                }
+                empty
             })
         };
 
@@ -149,21 +187,127 @@ fn abandon_while_freeing_then_adopt() {
         // if the segment is not there yet, it tries again after the exit.
         let mut exiting = Some(exiting);
         let mut adopted = abandoned.adopt(ADOPTER);
+        let mut released_at_exit = false;
         if adopted.is_null() {
-            exiting.take().unwrap().join().unwrap();
+            let empty = exiting.take().unwrap().join().unwrap();
+            released_at_exit = empty != 0;
             adopted = abandoned.adopt(ADOPTER);
         }
+        if released_at_exit {
+            // The remote free landed before the exit collected: the page was
+            // empty, so the segment was released, never abandoned.
+            assert!(adopted.is_null());
+            freer.join().unwrap();
+            // SAFETY: every thread has finished.
+            let s = unsafe { &*segment.0 };
+            assert_eq!(s.pages[0].used, 0);
+            return;
+        }
         assert_eq!(adopted, segment.0);
+        // SAFETY: adopted: ours now.
         let s = unsafe { &mut *adopted };
         assert_eq!(s.owner(), ADOPTER);
         if let Some(exiting) = exiting {
             exiting.join().unwrap();
         }
         freer.join().unwrap();
-        s.pages[0].collect_remote();
+        // What `handover::adopt` runs first.
+        let empty = s.collect_remote_frees();
+        assert_eq!(empty, 1, "every block is back once the freer is done");
         s.pages[0].collect_local();
         assert_eq!(s.pages[0].used, 0);
         assert_eq!(free_list(&s.pages[0]), handed.iter().copied().collect());
         assert!(abandoned.adopt(ADOPTER).is_null());
+    });
+}
+
+/// A freed large segment of `usable` bytes, as the cache keeps them.
+fn cached_large(usable: usize) -> Shared<Segment> {
+    let segment = header(SegmentKind::Large, usable + 8192);
+    // SAFETY: a header of our own, not shared yet.
+    unsafe {
+        let page = &mut (*segment).pages[0];
+        page.init(segment.cast::<u8>().add(8192), usable, 1, 0);
+        page.capacity = 1;
+        page.used = 0;
+    }
+    Shared(segment)
+}
+
+#[test]
+fn shared_cache_put_and_take_race() {
+    const USABLE: usize = 256 << 10; // one bin
+    loom::model(|| {
+        let cache = Arc::new(SharedLargeCache::new());
+        let a = cached_large(USABLE);
+        let b = cached_large(USABLE);
+        // Two threads each put one block and take one back.
+        let threads: Vec<_> = [a, b]
+            .into_iter()
+            .map(|s| {
+                let cache = cache.clone();
+                thread::spawn(move || {
+                    let s = s;
+                    // SAFETY: the block is ours to hand over.
+                    assert!(unsafe { cache.put(s.0, usize::MAX) });
+                    Shared(cache.take(USABLE))
+                })
+            })
+            .collect();
+        let taken: Vec<Shared<Segment>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        // A take may miss a block a racing put has just published (its
+        // relaxed peek at a slot may be stale): that is a cache miss, not a
+        // loss. What must hold: every block is either taken exactly once or
+        // still cached, and the byte count says what is still cached.
+        let mut seen = BTreeSet::new();
+        for t in taken.iter().filter(|t| !t.0.is_null()) {
+            assert!(seen.insert(t.0 as usize), "one block handed out twice");
+        }
+        // SAFETY: the headers are live for the model.
+        let one = unsafe { (*a.0).map_size };
+        let left = [a, b].len() - seen.len();
+        assert_eq!(cache.bytes(), left * one);
+        // After the joins every put is visible: drain what is left.
+        loop {
+            let s = cache.take(USABLE);
+            if s.is_null() {
+                break;
+            }
+            assert!(seen.insert(s as usize), "a taken block is still cached");
+        }
+        assert_eq!(seen, [a.0 as usize, b.0 as usize].into_iter().collect());
+        assert_eq!(cache.bytes(), 0);
+    });
+}
+
+#[test]
+fn shared_cache_bound_holds_under_racing_puts() {
+    const USABLE: usize = 256 << 10;
+    loom::model(|| {
+        let cache = Arc::new(SharedLargeCache::new());
+        let a = cached_large(USABLE);
+        let b = cached_large(USABLE);
+        // SAFETY: the headers are live for the model.
+        let one = unsafe { (*a.0).map_size };
+        // Room for one block only: exactly one of two racing puts wins.
+        let threads: Vec<_> = [a, b]
+            .into_iter()
+            .map(|s| {
+                let cache = cache.clone();
+                thread::spawn(move || {
+                    let s = s;
+                    // SAFETY: the block is ours to hand over.
+                    unsafe { cache.put(s.0, one) }
+                })
+            })
+            .collect();
+        let won: usize = threads
+            .into_iter()
+            .map(|t| usize::from(t.join().unwrap()))
+            .sum();
+        assert_eq!(won, 1);
+        assert_eq!(cache.bytes(), one);
+        assert!(!cache.take(USABLE).is_null());
+        assert_eq!(cache.bytes(), 0);
     });
 }

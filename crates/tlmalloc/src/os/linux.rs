@@ -3,7 +3,6 @@
 use core::ffi::c_void;
 use core::ptr;
 
-use crate::heap::ThreadHeap;
 use crate::sync::{AtomicUsize, Ordering};
 
 // ---------------------------------------------------------------------------
@@ -27,7 +26,6 @@ pub fn map(size: usize) -> *mut u8 {
     if p == libc::MAP_FAILED {
         ptr::null_mut()
     } else {
-        crate::stats::record_map(size);
         p.cast()
     }
 }
@@ -66,7 +64,6 @@ pub fn map_aligned(size: usize, align: usize) -> *mut u8 {
 pub unsafe fn unmap(p: *mut u8, size: usize) {
     // SAFETY: the caller guarantees the range is ours and unused.
     unsafe { libc::munmap(p.cast(), size) };
-    crate::stats::record_unmap(size);
 }
 
 /// Tell the OS it may drop the contents of `[p, p + size)` (pages read back
@@ -83,9 +80,6 @@ pub unsafe fn purge(p: *mut u8, size: usize, lazy: bool) -> bool {
     };
     // SAFETY: the caller guarantees the range is ours and disposable.
     let rc = unsafe { libc::madvise(p.cast(), size, advice) };
-    if rc == 0 {
-        crate::stats::record_purge(size);
-    }
     rc == 0
 }
 
@@ -110,11 +104,7 @@ pub unsafe fn grow_in_place(p: *mut u8, old: usize, new: usize) -> bool {
     // SAFETY: without MREMAP_MAYMOVE the kernel either extends the mapping
     // into free address space or fails; it never moves or overwrites.
     let q = unsafe { libc::mremap(p.cast(), old, new, 0) };
-    if q == libc::MAP_FAILED {
-        return false;
-    }
-    crate::stats::record_remap(old, new);
-    true
+    q != libc::MAP_FAILED
 }
 
 /// Move the pages of `[from, from + old)` to `[to, to + new)` (a mapping of
@@ -134,12 +124,7 @@ pub unsafe fn move_mapping(from: *mut u8, old: usize, to: *mut u8, new: usize) -
             to as *mut libc::c_void,
         )
     };
-    if q == libc::MAP_FAILED {
-        return false;
-    }
-    // The old range is gone and the new one replaced a reservation of `new`.
-    crate::stats::record_remap(old, 0);
-    true
+    q != libc::MAP_FAILED
 }
 
 /// Milliseconds on a monotonic clock (coarse: a few ms of resolution, and
@@ -240,105 +225,124 @@ pub fn yield_now() {
 // The thread's heap pointer (TLS)
 // ---------------------------------------------------------------------------
 //
-// One pointer of static TLS per thread, initialised to the static empty heap
-// so the malloc fast path needs no "initialised?" branch. On x86-64 it is a
-// `.tdata` slot read with the initial-exec sequence, which the linker relaxes
-// to local-exec in an executable: a cdylib pays no `__tls_get_addr` call.
+// One pointer of static TLS per thread. This layer does not know what it
+// points to: the heap layer defines the slot with `define_thread_slot!`,
+// giving the static its initial value names (the empty heap, so the malloc
+// fast path needs no "initialised?" branch), and reads it back as its own
+// type. On x86-64 the slot is a `.tdata` symbol read with the initial-exec
+// sequence, which the linker relaxes to local-exec in an executable: a
+// cdylib pays no `__tls_get_addr` call.
 
+/// Define the thread's slot (the `.tdata` symbol `tlmalloc_v0_heap_slot`
+/// that [`thread_slot`] and [`set_thread_slot`] read and write), starting
+/// as the address of the static `$initial`. Expanded exactly once, by the
+/// layer that owns what the slot points to.
 #[cfg(target_arch = "x86_64")]
-core::arch::global_asm!(
-    ".pushsection .tdata.tlmalloc_v0_heap_slot,\"awT\",@progbits",
-    ".p2align 3",
-    ".globl tlmalloc_v0_heap_slot",
-    ".hidden tlmalloc_v0_heap_slot",
-    ".type tlmalloc_v0_heap_slot,@object",
-    ".size tlmalloc_v0_heap_slot,8",
-    "tlmalloc_v0_heap_slot:",
-    ".quad {empty}",
-    ".popsection",
-    empty = sym crate::heap::EMPTY_HEAP,
-);
+macro_rules! define_thread_slot {
+    ($initial:path) => {
+        core::arch::global_asm!(
+            ".pushsection .tdata.tlmalloc_v0_heap_slot,\"awT\",@progbits",
+            ".p2align 3",
+            ".globl tlmalloc_v0_heap_slot",
+            ".hidden tlmalloc_v0_heap_slot",
+            ".type tlmalloc_v0_heap_slot,@object",
+            ".size tlmalloc_v0_heap_slot,8",
+            "tlmalloc_v0_heap_slot:",
+            ".quad {initial}",
+            ".popsection",
+            initial = sym $initial,
+        );
+    };
+}
 
-/// This thread's heap (the static empty heap until its first allocation).
+/// As on x86-64 (`.xword` instead of `.quad`).
+#[cfg(target_arch = "aarch64")]
+macro_rules! define_thread_slot {
+    ($initial:path) => {
+        core::arch::global_asm!(
+            ".pushsection .tdata.tlmalloc_v0_heap_slot,\"awT\",@progbits",
+            ".p2align 3",
+            ".globl tlmalloc_v0_heap_slot",
+            ".hidden tlmalloc_v0_heap_slot",
+            ".type tlmalloc_v0_heap_slot,@object",
+            ".size tlmalloc_v0_heap_slot,8",
+            "tlmalloc_v0_heap_slot:",
+            ".xword {initial}",
+            ".popsection",
+            initial = sym $initial,
+        );
+    };
+}
+pub(crate) use define_thread_slot;
+
+/// This thread's slot (what `define_thread_slot!` started it as, until
+/// [`set_thread_slot`] changes it).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub fn thread_heap() -> *mut ThreadHeap {
-    let heap: *mut ThreadHeap;
-    // SAFETY: reads this thread's own TLS slot, defined above; `fs` is the
-    // thread pointer on x86-64 Linux. `pure`/`readonly`: the result changes
-    // only through `set_thread_heap`, which is never inlined into a caller.
+pub fn thread_slot() -> *mut c_void {
+    let value: *mut c_void;
+    // SAFETY: reads this thread's own TLS slot (defined by
+    // `define_thread_slot!`); `fs` is the thread pointer on x86-64 Linux.
+    // `pure`/`readonly`: the result changes only through `set_thread_slot`,
+    // which is never inlined into a caller.
     unsafe {
         core::arch::asm!(
-            "mov {h}, qword ptr [rip + tlmalloc_v0_heap_slot@GOTTPOFF]",
-            "mov {h}, qword ptr fs:[{h}]",
-            h = out(reg) heap,
+            "mov {v}, qword ptr [rip + tlmalloc_v0_heap_slot@GOTTPOFF]",
+            "mov {v}, qword ptr fs:[{v}]",
+            v = out(reg) value,
             options(pure, readonly, nostack, preserves_flags),
         );
     }
-    heap
+    value
 }
 
-/// Point this thread's TLS slot at `heap`.
+/// Set this thread's slot.
 #[cfg(target_arch = "x86_64")]
 #[inline(never)]
-pub fn set_thread_heap(heap: *mut ThreadHeap) {
+pub fn set_thread_slot(value: *mut c_void) {
     // SAFETY: writes this thread's own TLS slot.
     unsafe {
         core::arch::asm!(
             "mov {t}, qword ptr [rip + tlmalloc_v0_heap_slot@GOTTPOFF]",
-            "mov qword ptr fs:[{t}], {h}",
+            "mov qword ptr fs:[{t}], {v}",
             t = out(reg) _,
-            h = in(reg) heap,
+            v = in(reg) value,
             options(nostack, preserves_flags),
         );
     }
 }
 
-#[cfg(target_arch = "aarch64")]
-core::arch::global_asm!(
-    ".pushsection .tdata.tlmalloc_v0_heap_slot,\"awT\",@progbits",
-    ".p2align 3",
-    ".globl tlmalloc_v0_heap_slot",
-    ".hidden tlmalloc_v0_heap_slot",
-    ".type tlmalloc_v0_heap_slot,@object",
-    ".size tlmalloc_v0_heap_slot,8",
-    "tlmalloc_v0_heap_slot:",
-    ".xword {empty}",
-    ".popsection",
-    empty = sym crate::heap::EMPTY_HEAP,
-);
-
-/// This thread's heap (aarch64 initial-exec sequence; not yet tested on hardware).
+/// This thread's slot (aarch64 initial-exec sequence; not yet tested on hardware).
 #[cfg(target_arch = "aarch64")]
 #[inline(always)]
-pub fn thread_heap() -> *mut ThreadHeap {
-    let heap: *mut ThreadHeap;
+pub fn thread_slot() -> *mut c_void {
+    let value: *mut c_void;
     // SAFETY: reads this thread's own TLS slot through tpidr_el0.
     unsafe {
         core::arch::asm!(
             "mrs {tp}, tpidr_el0",
             "adrp {off}, :gottprel:tlmalloc_v0_heap_slot",
             "ldr {off}, [{off}, :gottprel_lo12:tlmalloc_v0_heap_slot]",
-            "ldr {h}, [{tp}, {off}]",
-            tp = out(reg) _, off = out(reg) _, h = out(reg) heap,
+            "ldr {v}, [{tp}, {off}]",
+            tp = out(reg) _, off = out(reg) _, v = out(reg) value,
             options(pure, readonly, nostack, preserves_flags),
         );
     }
-    heap
+    value
 }
 
-/// Point this thread's TLS slot at `heap`.
+/// Set this thread's slot.
 #[cfg(target_arch = "aarch64")]
 #[inline(never)]
-pub fn set_thread_heap(heap: *mut ThreadHeap) {
+pub fn set_thread_slot(value: *mut c_void) {
     // SAFETY: writes this thread's own TLS slot.
     unsafe {
         core::arch::asm!(
             "mrs {tp}, tpidr_el0",
             "adrp {off}, :gottprel:tlmalloc_v0_heap_slot",
             "ldr {off}, [{off}, :gottprel_lo12:tlmalloc_v0_heap_slot]",
-            "str {h}, [{tp}, {off}]",
-            tp = out(reg) _, off = out(reg) _, h = in(reg) heap,
+            "str {v}, [{tp}, {off}]",
+            tp = out(reg) _, off = out(reg) _, v = in(reg) value,
             options(nostack, preserves_flags),
         );
     }
@@ -359,17 +363,19 @@ static EXIT_HOOK: AtomicUsize = AtomicUsize::new(0);
 unsafe extern "C" fn thread_exit_trampoline(value: *mut c_void) {
     let hook = EXIT_HOOK.load(Ordering::Acquire);
     if hook != 0 && !value.is_null() {
-        // SAFETY: EXIT_HOOK only ever holds a `fn(*mut ThreadHeap)` stored by
-        // `register_thread_exit`; `value` is the heap `on_thread_start` stored.
-        let f: fn(*mut ThreadHeap) = unsafe { core::mem::transmute(hook) };
-        f(value.cast());
+        // SAFETY: EXIT_HOOK only ever holds a `fn(*mut c_void)` stored by
+        // `register_thread_exit`.
+        let f: fn(*mut c_void) = unsafe { core::mem::transmute(hook) };
+        f(value);
     }
 }
 
 /// Create the thread-exit key (a pthread key destructor, which never
-/// allocates, unlike a `thread_local!` with `Drop`). Returns false if the
-/// process is out of keys: threads then simply never hand their heap back.
-pub fn register_thread_exit(hook: fn(*mut ThreadHeap)) -> bool {
+/// allocates, unlike a `thread_local!` with `Drop`): `hook(value)` runs at
+/// the exit of every thread that called [`on_thread_start`]`(value)`.
+/// Returns false if the process is out of keys: threads then simply never
+/// hand their heap back.
+pub fn register_thread_exit(hook: fn(*mut c_void)) -> bool {
     EXIT_HOOK.store(hook as usize, Ordering::Release);
     let mut key: libc::pthread_key_t = 0;
     // SAFETY: `key` is a valid out-pointer; the destructor is a valid
@@ -382,14 +388,14 @@ pub fn register_thread_exit(hook: fn(*mut ThreadHeap)) -> bool {
     true
 }
 
-/// Arrange for this thread's `heap` to be passed to the exit hook.
+/// Arrange for `value` to be passed to the exit hook when this thread exits.
 /// `pthread_setspecific` may call `calloc` (keys ≥ 32): the caller has
-/// already installed `heap` as the thread heap, so that re-entry is served.
-pub fn on_thread_start(heap: *mut ThreadHeap) {
+/// already installed its heap in the slot, so that re-entry is served.
+pub fn on_thread_start(value: *mut c_void) {
     let key = EXIT_KEY.load(Ordering::Acquire);
     if key != usize::MAX {
         // SAFETY: `key` was created by `register_thread_exit`.
-        unsafe { libc::pthread_setspecific(key as libc::pthread_key_t, heap.cast()) };
+        unsafe { libc::pthread_setspecific(key as libc::pthread_key_t, value) };
     }
 }
 

@@ -1,27 +1,34 @@
 //! The one door to the operating system.
 //!
-//! Nothing outside this module calls the OS. Each primitive states its
-//! contract here; `linux.rs` implements them for Linux (x86-64 reads the
-//! thread's heap with one initial-exec TLS load; other architectures use a
-//! const-initialised `thread_local!`).
+//! Nothing outside this module calls the OS, and this module imports
+//! nothing of the crate but `sync`: it maps and unmaps, reads the clock and
+//! the environment, writes bytes, and keeps one opaque pointer per thread;
+//! what those calls mean to the allocator (and counting them) belongs to
+//! the layers above. Each primitive states its contract here; `linux.rs`
+//! implements them for Linux (x86-64 and aarch64 read the thread's slot
+//! with one initial-exec TLS load).
 //!
 //! | primitive | pre | post / errors |
 //! |---|---|---|
 //! | `map(size)` | `size` a multiple of the OS page | zeroed, read-write memory, or null |
 //! | `map_aligned(size, align)` | `align` a power of two ≥ OS page | as `map`, start a multiple of `align`; the caller unmaps exactly `size` bytes from the start |
 //! | `unmap(p, size)` | `[p, p+size)` was mapped by us | the range is gone |
-//! | `thread_heap()` / `set_thread_heap(h)` | — | this thread's heap pointer; starts as the static empty heap |
-//! | `register_thread_exit(f)` | called once | `f(heap)` runs when a thread whose heap was registered exits |
-//! | `on_thread_start(heap)` | `register_thread_exit` ran | this thread's heap will be passed to `f` at exit |
+//! | `purge(p, size, lazy)` | a page-aligned range of ours whose contents are not needed | the OS may drop the pages (`lazy`: only under pressure); false if it refused |
+//! | `advise_huge_pages(p, size, huge)` | a range of ours | advice only |
+//! | `grow_in_place(p, old, new)` / `move_mapping(from, old, to, new)` | mappings of ours | `mremap` without / with moving; false changes nothing |
+//! | `now_ms()` | — | a coarse monotonic clock (vDSO: no system call) |
+//! | `define_thread_slot!(initial)` | expanded once, by the heap layer | defines the per-thread slot, starting as `&initial` |
+//! | `thread_slot()` / `set_thread_slot(p)` | — | this thread's slot |
+//! | `register_thread_exit(f)` | called once | `f(value)` runs when a thread that called `on_thread_start(value)` exits |
 //! | `register_fork_handlers(p, a, c)` | called once | `p` before `fork`, `a` after in the parent, `c` in the child |
-//! | `getenv(name)` | `name` NUL-terminated | the variable's value, borrowed from the environment, or `None` |
+//! | `getenv(name)` | `name` NUL-terminated | the variable's value, borrowed from the environment, or `None` (always `None` in a setuid process) |
 //! | `for_each_env(f)` | — | `f` sees each `NAME=VALUE` entry of the environment, in order; nothing allocated |
-//! | `getpid()` | — | this process's id |
-//! | `yield_now()` | — | gives the CPU to another thread |
-//! | `write_fd(fd, bytes)` | — | writes all of `bytes` unless the descriptor fails (then stops) |
+//! | `errno()` / `set_errno(v)` | — | this thread's `errno` |
+//! | `getpid()` / `yield_now()` / `abort()` | — | as POSIX |
+//! | `write_stderr(bytes)` / `write_fd(fd, bytes)` | — | writes all of `bytes` unless the descriptor fails (then stops) |
 //! | `dup_stderr()` | — | a close-on-exec duplicate (≥ 100) of fd 2 and its (device, inode), or `None` |
 //! | `fd_identity(fd)` | — | the (device, inode) `fd` refers to, or `None` when it is not open |
-//! | `create_file(path)` / `close(fd)` | `path` NUL-terminated | a write-only fd of the truncated (or new, mode 0644) file, or `None` |
+//! | `create_file(path)` / `close(fd)` | `path` NUL-terminated | a write-only fd of the truncated (or new, mode 0644) regular file, or `None` |
 //! | `at_exit(f)` | — | `f` runs once at normal process exit (`exit`, return from `main`) |
 //! | `program_name()` | — | the short name the program was started as (`?` if unknown) |
 

@@ -1,0 +1,367 @@
+//! The allocation path: the malloc fast path, the class lookup above the
+//! direct range, and every slow path that refills a heap's pages — its own
+//! freed blocks, its other pages' remote frees, an abandoned segment, a
+//! fresh page — plus large blocks, through their tier (`large.rs`).
+
+use core::ptr;
+
+use crate::abandoned::ABANDONED;
+use crate::arena;
+use crate::config::{
+    DIRECT_SIZE_MAX, MEDIUM_SIZE_MAX, PAGE_EXTEND_BYTES, PAGE_SCAN_MAX, POOL_ALIGN_MAX,
+};
+use crate::counters;
+use crate::handover;
+use crate::heap::{
+    thread_heap, HeapKind, HeapState, ThreadHeap, LIST_MEDIUM_AVAIL, LIST_SMALL_AVAIL, PROCESS_HEAP,
+};
+use crate::init::{init_thread_heap, thread_heap_or_init};
+use crate::large::{self, Origin};
+use crate::list::List;
+use crate::os;
+use crate::page::Page;
+use crate::purge::{self, PurgePolicy};
+use crate::report;
+use crate::segment::{Segment, SegmentKind};
+use crate::size_class::{class_of, class_size, direct_class, FIRST_MEDIUM_CLASS};
+
+/// Allocate `size` bytes (16-byte aligned from 16 bytes up, 8 below).
+///
+/// Fast path, `size <= 1024`, budget 15 instructions (x86-64, `objdump -d`
+/// of `libtlmalloc.so`'s `malloc`, the `ret` included): TLS load (2), size
+/// test (2), slot index (3), page load (1), free-list load and test (3), pop
+/// and count (3), return. No atomic, no lock, no "thread set up?" branch:
+/// a thread without a heap reads the static empty heap, whose pages are
+/// all empty, and falls into [`alloc_slow`]. `scripts/callgrind-pair.sh`
+/// and `scripts/callgrind-preload.sh` count the malloc/free pair.
+#[inline(always)]
+pub fn malloc(size: usize) -> *mut u8 {
+    let heap = thread_heap();
+    if size <= DIRECT_SIZE_MAX {
+        // SAFETY: `[tls-heap]`; `[direct-current]`: `direct` entries are
+        // never null; `slot <= DIRECT_SLOTS - 1` since `size <= DIRECT_SIZE_MAX`.
+        unsafe {
+            let slot = (size + 7) >> 3;
+            let page = (*ThreadHeap::state_ptr(heap)).direct[slot];
+            let block = Page::pop(page);
+            if !block.is_null() {
+                (*heap).counters.slot_allocs[slot].bump();
+                return block.cast();
+            }
+        }
+        return alloc_slow(heap, direct_class((size + 7) >> 3));
+    }
+    malloc_generic(heap, size)
+}
+
+/// Allocation above the direct range: class computation, then as `malloc`.
+#[inline(never)]
+fn malloc_generic(heap: *mut ThreadHeap, size: usize) -> *mut u8 {
+    if size <= MEDIUM_SIZE_MAX {
+        alloc_class(heap, class_of(size))
+    } else {
+        large_alloc(size, 16, false)
+    }
+}
+
+/// Allocate a block of class `class` from `heap`.
+#[inline]
+pub(crate) fn alloc_class(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
+    // SAFETY: `heap` is this thread's heap, a static heap, or a heap the
+    // caller uses exclusively; `[direct-current]`: `current` entries are
+    // never null; a block came from a real page, so the heap is a real one.
+    unsafe {
+        let block = Page::pop((*ThreadHeap::state_ptr(heap)).current[class]);
+        if !block.is_null() {
+            (*heap).counters.class_allocs[class].bump();
+            return block.cast();
+        }
+    }
+    alloc_slow(heap, class)
+}
+
+/// Allocate a block of `class` for the calling thread (typed pools, whose
+/// class is a constant).
+#[inline(always)]
+pub fn alloc_class_for_pool(class: usize) -> *mut u8 {
+    alloc_class(thread_heap(), class)
+}
+
+/// Allocate `size` bytes aligned to `align` (a power of two).
+pub fn malloc_aligned(size: usize, align: usize) -> *mut u8 {
+    if align <= 16 {
+        // The direct-slot path for small sizes (same block as `pooled_size`).
+        return malloc(if size < align { align } else { size });
+    }
+    match pooled_size(size, align) {
+        Some(n) => alloc_class(thread_heap(), class_of(n)),
+        None => large_alloc(size, align, false),
+    }
+}
+
+/// The size whose class serves a request of `size` bytes aligned to
+/// `align` (a power of two), or `None` when it gets a large block. The one
+/// rule behind `malloc_aligned`, user heaps, pools and the sized-free check
+/// (`expected_usable`), so that they cannot drift apart.
+///
+/// Up to 16 bytes of alignment every class of at least `align` bytes is
+/// aligned enough; above, a class at or above `round_up(size, align)` is a
+/// multiple of `align` (see size_class.rs) and its page area is aligned
+/// to it, up to `POOL_ALIGN_MAX`.
+pub const fn pooled_size(size: usize, align: usize) -> Option<usize> {
+    let n = if align <= 16 {
+        if size < align {
+            align
+        } else {
+            size
+        }
+    } else if align <= POOL_ALIGN_MAX && size <= MEDIUM_SIZE_MAX {
+        let at_least_one = if size == 0 { 1 } else { size };
+        (at_least_one + align - 1) & !(align - 1)
+    } else {
+        return None;
+    };
+    if n <= MEDIUM_SIZE_MAX {
+        Some(n)
+    } else {
+        None
+    }
+}
+
+/// Every allocation that fails ends here: null, with `errno = ENOMEM` for
+/// the C front end (Rust callers only see the null).
+#[cold]
+#[inline(never)]
+pub(crate) fn out_of_memory() -> *mut u8 {
+    os::set_errno(os::ENOMEM);
+    ptr::null_mut()
+}
+
+/// A mapping was refused: when a reservation cap is set, empty the caches
+/// (the heap's, if given, and the process's) so that a retry can map.
+/// Returns whether to retry.
+#[cold]
+#[inline(never)]
+fn flush_for_retry(state: Option<&mut HeapState>) -> bool {
+    if !arena::capped() {
+        return false;
+    }
+    let now = os::now_ms();
+    if let Some(state) = state {
+        state.purge_owned(now, PurgePolicy::current(), true);
+    }
+    purge::purge_shared(now, true);
+    true
+}
+
+// ---------------------------------------------------------------------------
+// Slow path
+// ---------------------------------------------------------------------------
+
+/// The current page of `class` has no free block: find or make one that
+/// has, or set the thread up first.
+#[cold]
+#[inline(never)]
+fn alloc_slow(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
+    // The common case first: the current page's `free` ran dry but the
+    // owner has freed blocks of it since. (The static heaps' empty page has
+    // no local frees, so they fall through before anything is written.)
+    // SAFETY: `[tls-heap]` (or a heap the caller uses exclusively);
+    // `[direct-current]`: a current page is valid, maybe the empty one.
+    let page = unsafe { (*ThreadHeap::state_ptr(heap)).current[class] };
+    // SAFETY: as above.
+    if unsafe { !(*page).local_free.is_null() } {
+        // SAFETY: `[heap-owner]`: a page with local frees is a real page, so
+        // the heap is a real one the calling thread owns (or holds the lock of).
+        return unsafe { refill_from_local_frees(&*heap, page, class) };
+    }
+    // SAFETY: as above.
+    let kind = unsafe { (*heap).kind() };
+    match kind {
+        HeapKind::Thread | HeapKind::Process | HeapKind::User => {}
+        HeapKind::Empty => {
+            let mut new = init_thread_heap();
+            if new.is_null() && flush_for_retry(None) {
+                new = init_thread_heap();
+            }
+            if new.is_null() {
+                return out_of_memory();
+            }
+            return alloc_class(new, class);
+        }
+        HeapKind::Dead => {
+            let process = PROCESS_HEAP.lock();
+            return alloc_class(ptr::from_ref(&*process).cast_mut(), class);
+        }
+    }
+    // SAFETY: `[heap-owner]`: a thread heap of this thread, a user heap
+    // this thread uses now, or the process heap under its lock.
+    let (h, state) = unsafe { (&*heap, (*heap).state()) };
+    #[cfg(feature = "check")]
+    crate::check::check_heap(heap as usize, state);
+    if kind != HeapKind::Process {
+        state.tick_purge();
+    }
+    let page = find_page(h, state, class);
+    if page.is_null() {
+        return out_of_memory();
+    }
+    h.counters.class_allocs[class].bump();
+    // SAFETY: `find_page` returns a queued page with a free block.
+    unsafe { Page::pop(page) }.cast()
+}
+
+/// Refill the current `page` of `class` from the blocks its owner freed,
+/// and pop one.
+///
+/// # Safety
+/// `heap`'s owner is the calling thread (`[heap-owner]`); `page` is its
+/// current page of `class`, whose `local_free` is not empty.
+#[inline(always)]
+unsafe fn refill_from_local_frees(heap: &ThreadHeap, page: *mut Page, class: usize) -> *mut u8 {
+    // SAFETY: caller contract.
+    unsafe {
+        (*page).collect_local();
+        let block = Page::pop(page);
+        heap.counters.class_allocs[class].bump();
+        if heap.kind() != HeapKind::Process {
+            // Even a loop that only ever refills this way must purge.
+            heap.state().tick_purge();
+        }
+        block.cast()
+    }
+}
+
+/// A page of `class` with a free block, at the front of its queue, or null
+/// when the OS has no memory.
+#[inline(never)]
+fn find_page(heap: &ThreadHeap, state: &mut HeapState, class: usize) -> *mut Page {
+    if let Some(page) = scan_queue(state, class) {
+        return page;
+    }
+    // The process heap serves rare allocations of exiting threads: it
+    // adopts nothing, or what it adopted would sit there uncollected.
+    if heap.kind() == HeapKind::Thread && ABANDONED.maybe_nonempty() && handover::adopt(heap, state)
+    {
+        if let Some(page) = scan_queue(state, class) {
+            return page;
+        }
+    }
+    let mut page = fresh_page(heap, state, class);
+    if page.is_null() && flush_for_retry(Some(state)) {
+        page = fresh_page(heap, state, class);
+    }
+    if !page.is_null() {
+        // SAFETY: a fresh page of this heap, not queued yet.
+        unsafe {
+            state.queue_push_front(page);
+            (*page).extend(PAGE_EXTEND_BYTES);
+        }
+    }
+    page
+}
+
+/// Look at up to `PAGE_SCAN_MAX` pages of the queue, collecting their remote
+/// frees; the first with a free block moves to the front. Full pages go to
+/// the back, so the next scan starts with pages not looked at recently.
+fn scan_queue(state: &mut HeapState, class: usize) -> Option<*mut Page> {
+    for _ in 0..PAGE_SCAN_MAX {
+        let page = state.queue_first(class);
+        if page.is_null() {
+            return None;
+        }
+        // SAFETY: `[queues]`: a queued page is a live page of this heap.
+        unsafe {
+            if (*page).collect_local() {
+                return Some(page);
+            }
+            (*page).collect_remote();
+            if !(*page).free.is_null() || (*page).extend(PAGE_EXTEND_BYTES) {
+                return Some(page);
+            }
+            if List::next(page).is_null() {
+                return None;
+            }
+            state.queue_rotate(page);
+        }
+    }
+    None
+}
+
+/// Claim a page slot for `class` in one of the heap's segments (or a new
+/// one) and carve it. Not yet queued. Null when the OS refuses memory.
+#[cold]
+#[inline(never)]
+fn fresh_page(heap: &ThreadHeap, state: &mut HeapState, class: usize) -> *mut Page {
+    let (kind, list) = if class < FIRST_MEDIUM_CLASS {
+        (SegmentKind::Small, LIST_SMALL_AVAIL)
+    } else {
+        (SegmentKind::Medium, LIST_MEDIUM_AVAIL)
+    };
+    let mut segment = state.segments_first(list);
+    if segment.is_null() {
+        segment = arena::segment_alloc(kind);
+        if segment.is_null() {
+            return ptr::null_mut();
+        }
+        // SAFETY: a new segment no one else holds; it becomes ours.
+        unsafe {
+            (*segment).set_owner(ptr::from_ref(heap) as usize);
+            state.segment_push(segment, list);
+        }
+    }
+    // SAFETY: `[segment-lists]`: a segment on our avail list is ours and has a free slot.
+    unsafe {
+        let Some(index) = (*segment).claim_page() else {
+            report::broken("a segment on an avail list has no free page");
+        };
+        counters::record_page(1usize << (*segment).page_shift, true);
+        state.segment_relist(segment);
+        let block_size = class_size(class);
+        let (area, reserved) = Segment::page_area(segment, index, block_size);
+        let page = &mut (*segment).pages[index];
+        page.init(area, block_size, reserved, class as u8);
+        page
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Large blocks
+// ---------------------------------------------------------------------------
+
+/// Allocate a large block (above `MEDIUM_SIZE_MAX`, or aligned above
+/// `POOL_ALIGN_MAX`) through the large tier, with the calling thread's
+/// cache level. With `zero`, the first `size` bytes read as zero.
+#[cold]
+#[inline(never)]
+pub fn large_alloc(size: usize, align: usize, zero: bool) -> *mut u8 {
+    // A thread whose first allocation is large gets its heap now, so its
+    // frees have a local cache and its slow paths purge.
+    let heap = thread_heap_or_init();
+    // SAFETY: `[tls-heap]`; `[heap-owner]`: a thread heap's state is ours.
+    let (h, mut state) = unsafe {
+        let h = &*heap;
+        (h, (h.kind() == HeapKind::Thread).then(|| h.state()))
+    };
+    if let Some(state) = state.as_deref_mut() {
+        state.tick_purge();
+    }
+    let mut got = large::alloc(
+        state.as_deref_mut().map(|s| &mut s.local_large),
+        size,
+        align,
+        zero,
+    );
+    if got.is_none() && large::large_usable(size).is_some() && flush_for_retry(state.as_deref_mut())
+    {
+        got = large::alloc(state.map(|s| &mut s.local_large), size, align, zero);
+    }
+    let Some((p, usable, origin)) = got else {
+        return out_of_memory();
+    };
+    if origin == Origin::LocalCache {
+        h.counters.large_local_hits.bump();
+    }
+    h.count_large(usable, true);
+    p
+}

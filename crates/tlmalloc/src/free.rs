@@ -1,0 +1,163 @@
+//! The free path: a block goes back to the page it came from — onto the
+//! owner's local list when the caller owns its segment, onto the page's
+//! remote list otherwise — and a page that empties goes back to its segment.
+//! Large blocks go to the recycle cache (`large.rs`).
+
+use crate::counters::RETIRED;
+use crate::heap::{thread_heap, HeapKind, ThreadHeap};
+use crate::large;
+use crate::os;
+use crate::page::{Block, Page};
+use crate::purge;
+use crate::segment::{Segment, SegmentKind};
+
+/// Free `p`, a block this allocator handed out and not yet freed.
+///
+/// Fast path when the calling thread owns the block, budget 17 instructions
+/// (x86-64, inlined into a Rust caller): segment mask (2), TLS load (2),
+/// owner load, compare, branch (3), page index (5), push onto `local_free`
+/// (3), count and empty test (2). No atomic, no lock. The C `free` adds the
+/// segment-map check (`api.rs`). `scripts/callgrind-pair.sh` counts the pair.
+///
+/// # Safety
+/// `p` was returned by this allocator, is not yet freed, and does not start a
+/// block aligned to 4 MiB or more (use `api::free` for those).
+#[inline(always)]
+pub unsafe fn free_trusted(p: *mut u8) {
+    let segment = Segment::of(p);
+    let heap = thread_heap();
+    // SAFETY: `[segment-header]`: `p` lies in a live segment (caller
+    // contract) whose header is at `segment`.
+    unsafe {
+        if (*segment).owner() != heap as usize {
+            return free_slow(segment, p);
+        }
+        // `[segment-owner]`: the calling thread's heap owns the segment, so
+        // it is a small or medium one (large segments have no thread owner).
+        free_local(&*heap, Segment::page_of(segment, p), p);
+    }
+}
+
+/// Free `p` into `page`, which `heap` owns, with plain loads and stores.
+///
+/// # Safety
+/// `heap`'s owner is the calling thread; `p` is a live block of `page`, a
+/// page of a small or medium segment `heap` owns.
+#[inline(always)]
+pub unsafe fn free_local(heap: &ThreadHeap, page: *mut Page, p: *mut u8) {
+    // SAFETY: caller contract; `class < CLASS_COUNT` for a page of a small
+    // or medium segment.
+    unsafe {
+        heap.counters
+            .class_frees
+            .get_unchecked((*page).class as usize)
+            .bump();
+        if (*page).push_local(p.cast::<Block>()) {
+            page_emptied(heap, page);
+        }
+    }
+}
+
+/// The last live block of a page came back to its owner: give the page back
+/// to its segment. Never the current page of its class: that one carries the
+/// pin (`[page-accounting]`), so an alloc/free loop on one block never comes here.
+///
+/// # Safety
+/// As [`free_local`], and `page.used == 0`.
+#[cold]
+#[inline(never)]
+unsafe fn page_emptied(heap: &ThreadHeap, page: *mut Page) {
+    // SAFETY: `[heap-owner]`: the caller is the heap's owner.
+    let state = unsafe { heap.state() };
+    state.tick_purge();
+    // SAFETY: caller contract.
+    unsafe { state.release_page(page) };
+}
+
+/// A free whose owner is not the calling thread: a remote free, a large
+/// block, or a block of an abandoned segment.
+///
+/// # Safety
+/// `segment` is the live segment of `p`, a live block being freed once.
+#[cold]
+#[inline(never)]
+unsafe fn free_slow(segment: *mut Segment, p: *mut u8) {
+    // SAFETY: caller contract.
+    unsafe {
+        if (*segment).kind == SegmentKind::Large {
+            large_free(segment);
+            return;
+        }
+        let page = Segment::page_of(segment, p);
+        count_remote_free((*page).class as usize);
+        // `[thread-free]`: the block is ours until the push publishes it.
+        (*page).thread_free.push(p.cast());
+    }
+}
+
+/// Count a free of a `class` block owned by another heap, in the calling
+/// thread's heap, or in the shared retired totals for a thread without one
+/// (a free never sets a heap up: that would take locks inside `free`, and
+/// a heap made during the last thread-exit pass would never be handed back).
+#[inline]
+fn count_remote_free(class: usize) {
+    if !cfg!(feature = "stats") {
+        return;
+    }
+    // SAFETY: `[tls-heap]`; counters are written by their owner, this thread.
+    unsafe {
+        let heap = &*thread_heap();
+        if heap.kind() == HeapKind::Thread {
+            heap.counters.class_frees[class].bump();
+            heap.counters.remote_frees.bump();
+        } else {
+            RETIRED.record_free(class, true);
+        }
+    }
+}
+
+/// Free the block of a large segment: keep it in this thread's cache, else
+/// the shared cache, else release it. A second free is reported.
+///
+/// # Safety
+/// `segment` is a live large segment whose block is being freed.
+pub unsafe fn large_free(segment: *mut Segment) {
+    // SAFETY: caller contract; `[tls-heap]`.
+    unsafe {
+        large::assert_live(segment);
+        let heap = &*thread_heap();
+        heap.count_large((*segment).pages[0].block_size, false);
+        if (*segment).owner() != 0 {
+            unlink_user_large(segment);
+        }
+        if heap.kind() == HeapKind::Thread {
+            let state = heap.state();
+            state.tick_purge();
+            // Unstamped (0): the next purge pass stamps it with its own
+            // clock, so an idle thread's stale clock cannot age the block,
+            // and a free costs no clock read.
+            large::recycle(Some(&mut state.local_large), segment, 0);
+        } else {
+            // No heap of its own to tick: run the process-wide pass if due.
+            let now = os::now_ms();
+            large::recycle(None, segment, now);
+            purge::purge_shared(now, false);
+        }
+    }
+}
+
+/// A large block of a user heap is being freed (from any thread): take it
+/// off its heap's list.
+///
+/// # Safety
+/// `segment` is a live large segment whose owner is a live user heap
+/// (`[segment-owner]`).
+pub unsafe fn unlink_user_large(segment: *mut Segment) {
+    // SAFETY: caller contract; the heap's lock guards the list links.
+    unsafe {
+        let heap = (*segment).owner() as *const ThreadHeap;
+        let mut list = (*heap).owned_large().lock();
+        list.remove(segment);
+        (*segment).set_owner(0);
+    }
+}

@@ -1,0 +1,124 @@
+//! Thread exit and adoption: how a dead thread's memory reaches live ones.
+//!
+//! At exit (the pthread-key destructor, [`thread_exit`]) the heap's cached
+//! large blocks go to the shared level (or back to the OS), every page's
+//! remote frees are collected, empty pages and segments are released, and
+//! every segment still in use is abandoned (`abandoned.rs`, protocol
+//! `[abandoned]`). A live heap that needs pages adopts one ([`adopt`]).
+
+use core::ffi::c_void;
+
+use crate::abandoned::ABANDONED;
+use crate::arena;
+use crate::counters;
+use crate::heap::{set_thread_heap, HeapKind, HeapState, ThreadHeap, DEAD_HEAP, LIST_COUNT};
+use crate::heap_pool;
+use crate::large;
+use crate::large_cache::SHARED;
+use crate::options::{self, Opt};
+use crate::registry;
+use crate::segment::Segment;
+use crate::size_class::CLASS_COUNT;
+
+/// The pthread-key destructor (`os::register_thread_exit`): hand the
+/// thread's memory to live threads and its heap back to the pool.
+pub fn thread_exit(value: *mut c_void) {
+    let heap = value.cast::<ThreadHeap>();
+    // SAFETY: the destructor runs on the heap's own thread with the value
+    // `os::on_thread_start` stored: this thread's live heap (`[heap-owner]`).
+    unsafe {
+        if (*heap).kind() != HeapKind::Thread {
+            return;
+        }
+        // From here on this thread's allocations go to the process heap.
+        set_thread_heap(&DEAD_HEAP);
+        abandon_heap((*heap).state());
+        registry::remove(heap);
+        heap_pool::heap_free(heap);
+    }
+}
+
+/// Release every empty page and segment of a heap's state; abandon the rest.
+fn abandon_heap(state: &mut HeapState) {
+    let max = options::get(Opt::LargeCacheMax);
+    state.local_large.retain(|segment| {
+        // SAFETY: `[cache-ownership]`: evicted from the local level, ours to
+        // pass on or release.
+        unsafe {
+            if !SHARED.put(segment, max) {
+                large::large_release(segment);
+            }
+        }
+        true
+    });
+    // Unqueue every page first (dropping the pins), so that each segment
+    // can then be settled as a whole.
+    for class in 0..CLASS_COUNT {
+        while state.unqueue_first(class).is_some() {}
+    }
+    for list in 0..LIST_COUNT {
+        while let Some(segment) = state.unlist_first(list) {
+            // SAFETY: `[segment-lists]`: ours, off our lists; its pages are unqueued.
+            unsafe {
+                if release_empty_pages(segment) {
+                    continue; // the segment went back with its last page
+                }
+                ABANDONED.abandon(segment);
+            }
+            counters::record_abandoned();
+        }
+    }
+}
+
+/// Collect the remote frees of `segment`'s pages and release those left
+/// empty; returns true when that released the whole segment.
+///
+/// # Safety
+/// The caller's heap holds `segment` (its owner), which is on none of its
+/// lists, and none of its pages is queued.
+unsafe fn release_empty_pages(segment: *mut Segment) -> bool {
+    // SAFETY: caller contract.
+    unsafe {
+        let mut empty = (*segment).collect_remote_frees();
+        while empty != 0 {
+            let index = empty.trailing_zeros() as usize;
+            empty &= empty - 1;
+            counters::record_page(1usize << (*segment).page_shift, false);
+            if (*segment).release_page(index) {
+                // No page left in use: the segment goes back whole.
+                (*segment).set_owner(0);
+                arena::segment_free(segment);
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// Take over one abandoned segment for the heap at `heap` (whose state is
+/// `state`): collect its pages, release what is empty, queue the rest.
+/// Returns false when there was none.
+#[cold]
+#[inline(never)]
+pub fn adopt(heap: *const ThreadHeap, state: &mut HeapState) -> bool {
+    let segment = ABANDONED.adopt(heap as usize);
+    if segment.is_null() {
+        return false;
+    }
+    counters::record_adopted();
+    // SAFETY: `[abandoned]` step 2: the segment is ours now; none of its
+    // pages is queued anywhere (the exiting heap unqueued them).
+    unsafe {
+        if release_empty_pages(segment) {
+            return true;
+        }
+        state.segment_push(segment, HeapState::list_for(&*segment));
+        let mut in_use = (*segment).kind.all_pages_mask() & !(*segment).free_mask;
+        while in_use != 0 {
+            let index = in_use.trailing_zeros() as usize;
+            in_use &= in_use - 1;
+            state.queue_push_back(&mut (*segment).pages[index]);
+        }
+    }
+    true
+}
