@@ -69,13 +69,7 @@ fn main() {
     let rest = &args[1..];
     let result = match command {
         "run" => cmd_run(rest),
-        "bench" => {
-            let words: Vec<String> = rest
-                .iter()
-                .map(|a| a.to_string_lossy().into_owned())
-                .collect();
-            exit(tlmalloc_benchsuite::main_with_args(&words));
-        }
+        "bench" => exit(tlmalloc_benchsuite::main_with_args(rest)),
         "lib" => find_library().map(|lib| println!("{}", lib.display())),
         "pkg-config" => cmd_pkg_config(rest),
         "install" => cmd_install(rest),
