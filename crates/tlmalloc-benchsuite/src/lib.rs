@@ -30,12 +30,12 @@
 
 pub mod allocators;
 pub mod callgrind;
+pub mod charts;
 pub mod cli;
 pub mod report;
 pub mod results;
 pub mod runner;
 pub mod stats;
-pub mod svg;
 pub mod sysinfo;
 pub mod workloads;
 
