@@ -3,7 +3,9 @@
 //!
 //! Every option takes its value as `--name VALUE` or `--name=VALUE`; given
 //! twice, the last one counts (`--lib` adds up instead). Lists are
-//! comma-separated; numbers may have `_` separators (`1_000`).
+//! comma-separated; numbers may have `_` separators (`1_000`). A path may
+//! start with `-` (`--out -x`), as the hand-written parser took the next
+//! word whatever it was.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -77,16 +79,16 @@ pub struct Args {
     pub duration_ms: Option<u64>,
 
     /// Output directory [default: target/bench next to the release directory]
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", allow_hyphen_values = true)]
     pub out: Option<PathBuf>,
 
     /// Where libtlmalloc.so, libmimalloc_preload.so and tlmalloc-workload are [default: the
     /// directory of this executable]
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", allow_hyphen_values = true)]
     pub lib_dir: Option<PathBuf>,
 
     /// The workload program [default: LIB_DIR/tlmalloc-workload]
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", allow_hyphen_values = true)]
     pub workload_bin: Option<PathBuf>,
 
     /// Use PATH as allocator NAME's library (may be given more than once)
@@ -344,6 +346,10 @@ mod tests {
         // Given twice, the last one counts.
         let t = parse(&["--threads", "1", "--threads", "2,3"]).unwrap();
         assert_eq!(t.threads, [2, 3]);
+        let dash = parse(&["--out", "-o", "--lib-dir", "--l", "--workload-bin", "-w"]).unwrap();
+        assert_eq!(dash.out.as_deref(), Some(Path::new("-o")));
+        assert_eq!(dash.lib_dir.as_deref(), Some(Path::new("--l")));
+        assert_eq!(dash.workload_bin.as_deref(), Some(Path::new("-w")));
         for bad in [
             &["--workloads", "nope"][..],
             &["--workloads", ","],

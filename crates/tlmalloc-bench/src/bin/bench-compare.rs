@@ -76,11 +76,11 @@ struct Options {
     cg_iters: (u64, u64),
     /// Where callgrind writes its output files [default: a new directory under the temporary
     /// directory]
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", allow_hyphen_values = true)]
     cg_dir: Option<PathBuf>,
     /// Where bench-tlmalloc, bench-system and bench-mimalloc are [default: the directory of this
     /// program]
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", allow_hyphen_values = true)]
     bin_dir: Option<PathBuf>,
 }
 
@@ -419,6 +419,9 @@ mod tests {
         assert_eq!(o.cg_dir, Some(PathBuf::from("/tmp/cg")));
         assert_eq!(o.bin_dir, Some(PathBuf::from("/tmp/bin")));
         assert_eq!(parse(&["--runs", "0"]).unwrap().runs, 1);
+        let dash = parse(&["--cg-dir", "-c", "--bin-dir", "-b"]).unwrap();
+        assert_eq!(dash.cg_dir, Some(PathBuf::from("-c")));
+        assert_eq!(dash.bin_dir, Some(PathBuf::from("-b")));
         for bad in [
             &["--sizes", "0"][..],
             &["--sizes", ""],
