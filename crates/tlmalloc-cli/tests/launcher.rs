@@ -22,6 +22,34 @@ fn launcher() -> PathBuf {
     exe
 }
 
+/// The launcher alone in `dir` (no library, no suite next to it): a hard
+/// link, so that no file is open for writing here. (A file this process
+/// writes can be held open by the child of another test's fork for a
+/// moment, and exec'ing it then fails with ETXTBSY.)
+fn lonely_launcher(dir: &Path) -> PathBuf {
+    let alone = dir.join("tlmalloc");
+    if fs::hard_link(launcher(), &alone).is_err() {
+        fs::copy(launcher(), &alone).unwrap();
+    }
+    alone
+}
+
+/// `run`, again while a program this test has just written is busy
+/// (ETXTBSY, see [`lonely_launcher`]), whether the test's own spawn or the
+/// launcher's exec meets it.
+fn run_fresh(what: &str, mut cmd: impl FnMut() -> Command) -> std::process::Output {
+    for _ in 0..100 {
+        match cmd().stdin(std::process::Stdio::null()).output() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {}
+            Err(e) => panic!("cannot run {what}: {e}"),
+            Ok(out) if text(&out.stderr).contains("Text file busy") => {}
+            Ok(out) => return out,
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("{what}: the program stayed busy (ETXTBSY)");
+}
+
 fn tlmalloc(args: &[&str]) -> Command {
     let mut cmd = Command::new(launcher());
     cmd.args(args)
@@ -232,8 +260,7 @@ fn run_passes_the_arguments_verbatim() {
 #[test]
 fn bench_runs_the_suite_next_to_the_launcher() {
     let dir = scratch("launcher_bench");
-    let alone = dir.join("tlmalloc");
-    fs::copy(launcher(), &alone).unwrap();
+    let alone = lonely_launcher(&dir);
     let out = run(
         "lonely tlmalloc bench",
         Command::new(&alone).args(["bench", "--quick"]),
@@ -254,16 +281,18 @@ fn bench_runs_the_suite_next_to_the_launcher() {
     )
     .unwrap();
     fs::set_permissions(&suite, fs::Permissions::from_mode(0o755)).unwrap();
-    let out = run(
-        "tlmalloc bench (stand-in)",
-        Command::new(&alone).args(["bench", "--help", "-x", "--", "--runs=2", "a b"]),
-    );
+    let out = run_fresh("tlmalloc bench (stand-in)", || {
+        let mut cmd = Command::new(&alone);
+        cmd.args(["bench", "--help", "-x", "--", "--runs=2", "a b"]);
+        cmd
+    });
     assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "[--help][-x][--][--runs=2][a b]\n");
-    let out = run(
-        "tlmalloc bench (no arguments)",
-        Command::new(&alone).arg("bench"),
-    );
+    let out = run_fresh("tlmalloc bench (no arguments)", || {
+        let mut cmd = Command::new(&alone);
+        cmd.arg("bench");
+        cmd
+    });
     assert_eq!(text(&out.stdout), "\n");
 
     // The real suite, when it was built next to the launcher (it is by
@@ -299,8 +328,7 @@ fn finds_the_library_next_to_itself() {
     );
 
     let dir = scratch("launcher_alone");
-    let alone = dir.join("tlmalloc");
-    fs::copy(launcher(), &alone).unwrap();
+    let alone = lonely_launcher(&dir);
     let out = run(
         "lonely tlmalloc lib",
         Command::new(&alone).arg("lib").env_remove("TLMALLOC_LIB"),
