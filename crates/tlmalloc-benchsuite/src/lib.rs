@@ -9,9 +9,11 @@
 //! tlmalloc, written to `target/bench/` as `results.json`, `report.md` and
 //! SVG charts.
 //!
-//! [`main_with_args`] is the whole `bench` subcommand: the `tlmalloc`
-//! launcher calls it with the arguments after `bench`; the
-//! `tlmalloc-bench-suite` binary of this crate does the same.
+//! [`main_with_args`] is the whole `bench` subcommand, and the whole of the
+//! `tlmalloc-bench-suite` binary of this crate: `tlmalloc bench ARGS…`
+//! execs `tlmalloc-bench-suite ARGS…` (found next to the launcher), so the
+//! launcher itself links none of this crate. The command line is parsed by
+//! [`cli`] (clap).
 //!
 //! ```text
 //! tlmalloc bench [--quick] [--workloads LIST] [--allocators LIST] [--threads LIST] [--runs N]
@@ -28,215 +30,26 @@
 
 pub mod allocators;
 pub mod callgrind;
+pub mod charts;
+pub mod cli;
 pub mod report;
 pub mod results;
 pub mod runner;
 pub mod stats;
-pub mod svg;
 pub mod sysinfo;
 pub mod workloads;
 
+use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use allocators::{Allocator, Known, Locator, Skipped, KNOWN};
+pub use cli::{parse_args, Options};
+
+use allocators::{Allocator, Locator, Skipped, KNOWN};
 use results::{CallgrindResults, Collector, Failure, Results, SCHEMA};
 use workloads::{Budget, Workload, WORKLOADS};
-
-pub const USAGE: &str = "\
-usage: tlmalloc bench [OPTIONS]
-
-Runs allocator workloads under tlmalloc, glibc, jemalloc, tcmalloc and
-mimalloc (LD_PRELOAD), interleaved, and writes results.json, report.md and
-SVG charts to target/bench/.
-
-  --quick                 short runs, fewer loop sizes, 3 runs (under 3 minutes on 2 cores)
-  --workloads LIST        comma-separated (default: all): loop, balanced, alloc-heavy, fixed,
-                          mixed, latency, xthread, migrate, server, churn, fragmentation
-  --allocators LIST       comma-separated (default: all): tlmalloc, glibc, jemalloc, tcmalloc,
-                          mimalloc, mimalloc3, mimalloc3-nothp
-  --threads LIST          thread counts (default: 1,2)
-  --runs N                runs per (workload, allocator, threads); the median is reported
-                          (default: 5; 3 with --quick)
-  --callgrind             count instructions per malloc/free pair (16, 64, 256, 1024 B) under
-                          valgrind --tool=callgrind instead of timing; writes callgrind.json and
-                          adds the table to report.md
-  --cg-sizes LIST         sizes for --callgrind (default: 16,64,256,1024)
-  --duration-ms MS        length of each time-bounded measurement (default: 300; 150 with --quick;
-                          loop: 80 / 40 per size)
-  --out DIR               output directory (default: target/bench next to the release directory)
-  --lib-dir DIR           where libtlmalloc.so, libmimalloc_preload.so and tlmalloc-workload
-                          are (default: the directory of this executable)
-  --workload-bin PATH     the workload program (default: LIB_DIR/tlmalloc-workload)
-  --lib NAME=PATH         use PATH as allocator NAME's library
-  --no-build              do not build missing workspace libraries with cargo
-  --no-progress           no progress bar
-  --report-only           remake report.md and the charts from OUT/results.json
-  --list                  list workloads and allocators (and which are installed)
-  --smoke                 tiny runs for tests (figures meaningless)
-  -h, --help              this text";
-
-/// The parsed command line.
-#[derive(Debug)]
-pub struct Options {
-    pub budget: Budget,
-    pub workloads: Vec<&'static Workload>,
-    pub allocators: Vec<&'static Known>,
-    pub threads: Vec<usize>,
-    pub runs: usize,
-    pub callgrind: bool,
-    pub cg_sizes: Vec<usize>,
-    pub cg_iters: (u64, u64),
-    pub duration_ms: Option<u64>,
-    pub out: Option<PathBuf>,
-    pub lib_dir: Option<PathBuf>,
-    pub workload_bin: Option<PathBuf>,
-    pub overrides: Vec<(String, PathBuf)>,
-    pub build: bool,
-    pub progress: bool,
-    pub report_only: bool,
-    pub list: bool,
-}
-
-/// What the command line asks for.
-#[derive(Debug)]
-pub enum Parsed {
-    Run(Box<Options>),
-    Help,
-}
-
-fn parse_count(text: &str, what: &str) -> Result<u64, String> {
-    let t: String = text.chars().filter(|&c| c != '_').collect();
-    t.parse()
-        .map_err(|_| format!("{what}: not a number: {text}"))
-}
-
-fn list(text: &str) -> Vec<&str> {
-    text.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .collect()
-}
-
-/// Parse the arguments of `tlmalloc bench` (without `tlmalloc bench`).
-pub fn parse_args(args: &[String]) -> Result<Parsed, String> {
-    let mut o = Options {
-        budget: Budget::Full,
-        workloads: WORKLOADS.iter().collect(),
-        allocators: KNOWN.iter().collect(),
-        threads: vec![1, 2],
-        runs: 0,
-        callgrind: false,
-        cg_sizes: vec![16, 64, 256, 1024],
-        cg_iters: (100_000, 200_000),
-        duration_ms: None,
-        out: None,
-        lib_dir: None,
-        workload_bin: None,
-        overrides: Vec::new(),
-        build: true,
-        progress: true,
-        report_only: false,
-        list: false,
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let (name, inline) = match arg.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
-            _ => (arg.as_str(), None),
-        };
-        let mut value = || -> Result<String, String> {
-            match &inline {
-                Some(v) => Ok(v.clone()),
-                None => it
-                    .next()
-                    .cloned()
-                    .ok_or_else(|| format!("{name} needs a value")),
-            }
-        };
-        match name {
-            "-h" | "--help" => return Ok(Parsed::Help),
-            "--quick" => o.budget = Budget::Quick,
-            "--smoke" => o.budget = Budget::Smoke,
-            "--workloads" => {
-                let v = value()?;
-                o.workloads = list(&v)
-                    .into_iter()
-                    .map(|n| workloads::find(n).ok_or_else(|| format!("unknown workload {n}")))
-                    .collect::<Result<_, _>>()?;
-            }
-            "--allocators" => {
-                let v = value()?;
-                o.allocators = list(&v)
-                    .into_iter()
-                    .map(|n| allocators::known(n).ok_or_else(|| format!("unknown allocator {n}")))
-                    .collect::<Result<_, _>>()?;
-                // tlmalloc first, the rest in the order given.
-                o.allocators.sort_by_key(|k| k.name != "tlmalloc");
-                o.allocators.dedup_by_key(|k| k.name);
-            }
-            "--threads" => {
-                let v = value()?;
-                o.threads = list(&v)
-                    .into_iter()
-                    .map(|t| parse_count(t, "--threads").map(|n| n as usize))
-                    .collect::<Result<_, _>>()?;
-                if o.threads.contains(&0) {
-                    return Err("--threads: counts must be at least 1".into());
-                }
-                o.threads.dedup();
-            }
-            "--runs" => o.runs = parse_count(&value()?, "--runs")?.max(1) as usize,
-            "--callgrind" => o.callgrind = true,
-            "--cg-sizes" => {
-                let v = value()?;
-                o.cg_sizes = list(&v)
-                    .into_iter()
-                    .map(|s| parse_count(s, "--cg-sizes").map(|n| n as usize))
-                    .collect::<Result<_, _>>()?;
-                if o.cg_sizes.is_empty() || o.cg_sizes.contains(&0) {
-                    return Err("--cg-sizes: sizes must be at least 1".into());
-                }
-            }
-            "--duration-ms" => {
-                o.duration_ms = Some(parse_count(&value()?, "--duration-ms")?.max(1))
-            }
-            "--out" => o.out = Some(PathBuf::from(value()?)),
-            "--lib-dir" => o.lib_dir = Some(PathBuf::from(value()?)),
-            "--workload-bin" => o.workload_bin = Some(PathBuf::from(value()?)),
-            "--lib" => {
-                let v = value()?;
-                let (n, p) = v.split_once('=').ok_or("--lib takes NAME=PATH")?;
-                allocators::known(n).ok_or_else(|| format!("--lib: unknown allocator {n}"))?;
-                o.overrides.push((n.to_string(), PathBuf::from(p)));
-            }
-            "--no-build" => o.build = false,
-            "--no-progress" => o.progress = false,
-            "--report-only" => o.report_only = true,
-            "--list" => o.list = true,
-            other => return Err(format!("unknown argument {other}")),
-        }
-    }
-    if o.workloads.is_empty() {
-        return Err("--workloads: no workload".into());
-    }
-    if o.allocators.is_empty() {
-        return Err("--allocators: no allocator".into());
-    }
-    if o.threads.is_empty() {
-        return Err("--threads: no thread count".into());
-    }
-    if o.runs == 0 {
-        o.runs = match o.budget {
-            Budget::Full => 5,
-            Budget::Quick => 3,
-            Budget::Smoke => 1,
-        };
-    }
-    Ok(Parsed::Run(Box::new(o)))
-}
 
 /// The directory of the running executable.
 fn exe_dir() -> PathBuf {
@@ -371,14 +184,15 @@ fn progress_bar(total_ms: u64, enabled: bool) -> indicatif::ProgressBar {
     bar
 }
 
-fn command_line(args: &[String]) -> String {
+fn command_line(args: &[OsString]) -> String {
     let mut s = String::from("tlmalloc bench");
     for a in args {
+        let a = a.to_string_lossy();
         s.push(' ');
         if a.is_empty() || a.contains(|c: char| c.is_whitespace() || c == '\'' || c == '"') {
             s.push_str(&format!("'{}'", a.replace('\'', "'\\''")));
         } else {
-            s.push_str(a);
+            s.push_str(&a);
         }
     }
     s
@@ -388,7 +202,7 @@ fn command_line(args: &[String]) -> String {
 /// allocator, interleaved.
 fn run_suite(
     o: &Options,
-    args: &[String],
+    args: &[OsString],
     allocs: &[Allocator],
     skipped: Vec<Skipped>,
     workload_bin: &Path,
@@ -513,7 +327,7 @@ fn run_suite(
 
 fn run_callgrind(
     o: &Options,
-    args: &[String],
+    args: &[OsString],
     allocs: &[Allocator],
     skipped: Vec<Skipped>,
     workload_bin: &Path,
@@ -586,18 +400,15 @@ fn print_list(o: &Options, lib_dir: &Path) {
 }
 
 /// The whole `tlmalloc bench` subcommand; `args` are the arguments after
-/// `bench`. Returns the process exit code: 0 on success, 1 when a
-/// measurement failed or nothing could run, 2 on a usage error.
-pub fn main_with_args(args: &[String]) -> i32 {
+/// `bench`. Returns the process exit code: 0 on success (and for `--help`),
+/// 1 when a measurement failed or nothing could run, 2 on a usage error.
+pub fn main_with_args(args: &[OsString]) -> i32 {
     let o = match parse_args(args) {
-        Ok(Parsed::Help) => {
-            println!("{USAGE}");
-            return 0;
-        }
-        Ok(Parsed::Run(o)) => o,
+        Ok(o) => o,
         Err(e) => {
-            eprintln!("tlmalloc bench: {e}\n{USAGE}");
-            return 2;
+            // Help and version to stdout, errors (with the usage) to stderr.
+            let _ = e.print();
+            return e.exit_code();
         }
     };
     let lib_dir = o.lib_dir.clone().unwrap_or_else(exe_dir);
@@ -745,61 +556,6 @@ fn callgrind_table(cg: &CallgrindResults) -> String {
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<Options, String> {
-        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        match parse_args(&args)? {
-            Parsed::Run(o) => Ok(*o),
-            Parsed::Help => Err("help".into()),
-        }
-    }
-
-    #[test]
-    fn defaults() {
-        let o = parse(&[]).unwrap();
-        assert_eq!(o.budget, Budget::Full);
-        assert_eq!(o.runs, 5);
-        assert_eq!(o.threads, [1, 2]);
-        assert_eq!(o.workloads.len(), WORKLOADS.len());
-        assert_eq!(o.allocators[0].name, "tlmalloc");
-        let q = parse(&["--quick"]).unwrap();
-        assert_eq!((q.budget, q.runs), (Budget::Quick, 3));
-    }
-
-    #[test]
-    fn lists_and_values() {
-        let o = parse(&[
-            "--workloads",
-            "fixed,loop",
-            "--allocators=glibc,tlmalloc",
-            "--threads",
-            "1,4,8",
-            "--runs",
-            "7",
-        ])
-        .unwrap();
-        let w: Vec<&str> = o.workloads.iter().map(|w| w.name).collect();
-        assert_eq!(w, ["fixed", "loop"]);
-        let a: Vec<&str> = o.allocators.iter().map(|a| a.name).collect();
-        assert_eq!(a, ["tlmalloc", "glibc"], "tlmalloc first");
-        assert_eq!(o.threads, [1, 4, 8]);
-        assert_eq!(o.runs, 7);
-        assert!(parse(&["--workloads", "nope"]).is_err());
-        assert!(parse(&["--allocators", "nope"]).is_err());
-        assert!(parse(&["--threads", "0"]).is_err());
-        assert!(parse(&["--runs"]).is_err());
-        assert!(parse(&["--bogus"]).is_err());
-        assert!(matches!(
-            parse_args(&["--help".to_string()]),
-            Ok(Parsed::Help)
-        ));
-        let l = parse(&["--lib", "jemalloc=/x/y.so"]).unwrap();
-        assert_eq!(
-            l.overrides,
-            [("jemalloc".to_string(), PathBuf::from("/x/y.so"))]
-        );
-        assert!(parse(&["--lib", "nope=/x"]).is_err());
-    }
-
     #[test]
     fn output_directory() {
         assert_eq!(
@@ -814,11 +570,7 @@ mod tests {
 
     #[test]
     fn command_lines_are_quoted() {
-        let args = vec![
-            "--threads".to_string(),
-            "1,2".to_string(),
-            "a b".to_string(),
-        ];
+        let args: Vec<OsString> = ["--threads", "1,2", "a b"].map(OsString::from).into();
         assert_eq!(command_line(&args), "tlmalloc bench --threads 1,2 'a b'");
     }
 }

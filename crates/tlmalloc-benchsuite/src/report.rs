@@ -4,9 +4,9 @@
 use std::fmt::Write;
 use std::path::Path;
 
+use crate::charts::{bar_chart, bytes, color_of, line_chart_loglog, short, Bars, Line, Scale};
 use crate::results::{CallgrindResults, Results};
 use crate::stats::{advantage, Summary};
-use crate::svg::{bar_chart, bytes, color_of, line_chart_loglog, short, Bars, Line, Scale};
 use crate::workloads::{metric, Family, Metric, WORKLOADS};
 
 /// How much better another allocator must be to count as tlmalloc losing.
@@ -732,7 +732,7 @@ pub fn write_charts(r: &Results, dir: &Path) -> std::io::Result<Vec<(String, Str
             .iter()
             .map(|n| Line {
                 name: n.clone(),
-                color: color_of(n).into(),
+                color: color_of(n),
                 points: r
                     .records
                     .iter()
@@ -760,7 +760,7 @@ pub fn write_charts(r: &Results, dir: &Path) -> std::io::Result<Vec<(String, Str
                 "million malloc+free pairs per second (log)",
                 &lines,
                 bytes,
-            ),
+            )?,
         )?;
     }
     for (family, file, title, ylabel) in [
@@ -782,7 +782,7 @@ pub fn write_charts(r: &Results, dir: &Path) -> std::io::Result<Vec<(String, Str
             save(
                 file.into(),
                 title.into(),
-                bar_chart(title, ylabel, &groups, &bars, Scale::LogFrom(1.0), "×"),
+                bar_chart(title, ylabel, &groups, &bars, Scale::LogFrom(1.0), "×")?,
             )?;
         }
     }
@@ -807,7 +807,7 @@ pub fn write_charts(r: &Results, dir: &Path) -> std::io::Result<Vec<(String, Str
                 &bars,
                 Scale::LogFrom(1.0),
                 "×",
-            ),
+            )?,
         )?;
     }
     // Latency: absolute ns, all allocators.
@@ -839,7 +839,7 @@ pub fn write_charts(r: &Results, dir: &Path) -> std::io::Result<Vec<(String, Str
                 &bars,
                 Scale::Log,
                 " ns",
-            ),
+            )?,
         )?;
     }
     // RSS bars: the peak of each workload at its largest thread count.
@@ -874,7 +874,7 @@ pub fn write_charts(r: &Results, dir: &Path) -> std::io::Result<Vec<(String, Str
                 &bars,
                 Scale::Log,
                 " MiB",
-            ),
+            )?,
         )?;
     }
     Ok(charts)
@@ -887,7 +887,7 @@ fn bars_of(names: &[String], cols: Vec<Vec<Option<f64>>>) -> Vec<Bars> {
         .zip(cols)
         .map(|(n, values)| Bars {
             name: n.clone(),
-            color: color_of(n).into(),
+            color: color_of(n),
             values,
         })
         .collect()

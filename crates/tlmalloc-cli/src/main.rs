@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! tlmalloc run [--stats | --stats-all] [--] PROGRAM [ARGS...]
+//! tlmalloc bench [ARGS...]
 //! tlmalloc lib
 //! tlmalloc pkg-config [--prefix DIR]
 //! tlmalloc install --prefix DIR
@@ -16,15 +17,24 @@
 //! the library prints in the process whose pid `TLMALLOC_SHOW_STATS` names,
 //! and `exec` keeps this pid); `--stats-all` makes every process it starts
 //! print one too.
+//!
+//! `bench` execs `tlmalloc-bench-suite` (of the `tlmalloc-benchsuite`
+//! crate), looked up next to this executable, with the same arguments; the
+//! launcher links no part of the suite.
+//!
+//! The command line is clap's (`tlmalloc --help`, `tlmalloc run --help`).
 
 use std::env;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::fs;
 use std::io::{self, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{exit, Command};
+
+use clap::error::ErrorKind;
+use clap::{Parser, Subcommand};
 
 const LIB_NAME: &str = "libtlmalloc.so";
 const STATIC_LIB_NAME: &str = "libtlmalloc.a";
@@ -33,61 +43,138 @@ const PC_TEMPLATE: &str = include_str!("../../tlmalloc-capi/tlmalloc.pc.in");
 /// `include/` of the source tree this launcher was built from.
 const SOURCE_INCLUDE_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../include");
 
-const USAGE: &str = "\
-tlmalloc: run programs on the tlmalloc memory allocator
+/// The benchmark suite's binary, next to this one: `tlmalloc bench ARGS…`
+/// execs `tlmalloc-bench-suite ARGS…`, so that this launcher does not link
+/// the suite (its report, charts and command line).
+const BENCH_SUITE: &str = "tlmalloc-bench-suite";
 
-Usage:
-  tlmalloc run [--stats | --stats-all] [--] PROGRAM [ARGS...]
-        Run PROGRAM with libtlmalloc.so preloaded (every malloc, free and
-        C++ operator new of the program and its children is tlmalloc's).
-        --stats      print a summary of tlmalloc's counters when PROGRAM exits
-        --stats-all  print one for every process PROGRAM starts, too
-  tlmalloc bench [--quick] [--workloads …] [--allocators …] [--threads …] [--runs N] [--callgrind]
-        Compare tlmalloc with glibc, jemalloc, tcmalloc and mimalloc side by
-        side (interleaved runs, medians, ratios); writes target/bench/
-        (results.json, report.md, SVG charts). `tlmalloc bench --help` for all options.
-  tlmalloc lib
-        Print the path of libtlmalloc.so (for LD_PRELOAD=$(tlmalloc lib)).
-  tlmalloc pkg-config [--prefix DIR]
-        Print tlmalloc.pc for this build tree, or for an install under DIR.
-  tlmalloc install --prefix DIR
-        Copy the libraries, tlmalloc.h, tlmalloc.pc and this launcher under DIR
-        (lib/, include/, lib/pkgconfig/, bin/).
-  tlmalloc --version | --help
+const AFTER_HELP: &str = "\
+Examples:
+  tlmalloc run --stats -- python3 -c 'print(sum(range(10**6)))'
+  LD_PRELOAD=$(tlmalloc lib) ./program
+  tlmalloc bench --quick
 
 Environment:
   TLMALLOC_LIB         use this libtlmalloc.so instead of the one next to tlmalloc
-  TLMALLOC_SHOW_STATS  1: every process prints the summary at exit; pid:N: only process N
-";
+  TLMALLOC_SHOW_STATS  1: every process prints the summary at exit; pid:N: only process N";
+
+/// `tlmalloc`: run programs on the tlmalloc memory allocator.
+#[derive(Debug, Parser)]
+#[command(
+    name = "tlmalloc",
+    version,
+    about = "tlmalloc: run programs on the tlmalloc memory allocator",
+    after_help = AFTER_HELP,
+    arg_required_else_help = true,
+    max_term_width = 100
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run PROGRAM with libtlmalloc.so preloaded
+    #[command(
+        long_about = "Run PROGRAM with libtlmalloc.so preloaded: every malloc, free and C++ \
+operator new of the program and its children is tlmalloc's. PROGRAM replaces this process, so \
+its pid, exit status and signals are the program's own. Everything after PROGRAM is passed to it \
+verbatim, flags included; `--` before PROGRAM is optional.",
+        override_usage = "tlmalloc run [--stats | --stats-all] [--] PROGRAM [ARGS...]"
+    )]
+    Run(RunArgs),
+
+    /// Compare tlmalloc with glibc, jemalloc, tcmalloc and mimalloc side by side
+    #[command(
+        long_about = "Compare tlmalloc with glibc, jemalloc, tcmalloc and mimalloc side by side \
+(interleaved runs, medians, ratios); writes target/bench/ (results.json, report.md, SVG charts). \
+Runs tlmalloc-bench-suite, found next to this launcher, with ARGS; `tlmalloc bench --help` for \
+all its options.",
+        override_usage = "tlmalloc bench [--quick] [ARGS...]",
+        // `--help` and every other argument are the suite's.
+        disable_help_flag = true
+    )]
+    Bench {
+        /// Arguments of the benchmark suite (`tlmalloc bench --help` lists them)
+        #[arg(
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "ARGS"
+        )]
+        args: Vec<OsString>,
+    },
+
+    /// Print the path of libtlmalloc.so (for LD_PRELOAD=$(tlmalloc lib))
+    Lib,
+
+    /// Print tlmalloc.pc for this build tree, or for an install under DIR
+    PkgConfig {
+        /// Describe an install under DIR (what `tlmalloc install --prefix DIR` lays out)
+        #[arg(long, value_name = "DIR")]
+        prefix: Option<PathBuf>,
+    },
+
+    /// Copy the libraries, tlmalloc.h, tlmalloc.pc and this launcher under DIR
+    #[command(
+        long_about = "Copy the libraries, tlmalloc.h, tlmalloc.pc and this launcher under DIR \
+(lib/, include/, lib/pkgconfig/, bin/)."
+    )]
+    Install {
+        /// The prefix to install under
+        #[arg(long, value_name = "DIR", required = true)]
+        prefix: PathBuf,
+    },
+
+    /// Print the version (as --version does)
+    #[command(hide = true)]
+    Version,
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// Print a summary of tlmalloc's counters when PROGRAM exits (only PROGRAM itself)
+    #[arg(long, overrides_with = "stats_all")]
+    stats: bool,
+
+    /// Print one for every process PROGRAM starts, too
+    #[arg(long, overrides_with = "stats")]
+    stats_all: bool,
+
+    /// The program to run, and its arguments (passed verbatim)
+    #[arg(
+        value_name = "PROGRAM",
+        required = true,
+        num_args = 1..,
+        trailing_var_arg = true
+    )]
+    command: Vec<OsString>,
+}
 
 fn main() {
-    let args: Vec<OsString> = env::args_os().skip(1).collect();
-    let Some(command) = args.first().and_then(|a| a.to_str()) else {
-        eprint!("{USAGE}");
-        exit(2);
-    };
-    let rest = &args[1..];
-    let result = match command {
-        "run" => cmd_run(rest),
-        "bench" => {
-            let words: Vec<String> = rest
-                .iter()
-                .map(|a| a.to_string_lossy().into_owned())
-                .collect();
-            exit(tlmalloc_benchsuite::main_with_args(&words));
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // As before clap: help and version 0, no command at all 2
+            // (the help, on stderr), any other mistake 1.
+            exit(match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => 0,
+                ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => 2,
+                _ => 1,
+            });
         }
-        "lib" => find_library().map(|lib| println!("{}", lib.display())),
-        "pkg-config" => cmd_pkg_config(rest),
-        "install" => cmd_install(rest),
-        "--version" | "-V" | "version" => {
+    };
+    let result = match cli.command {
+        Cmd::Run(args) => cmd_run(args),
+        Cmd::Bench { args } => cmd_bench(args),
+        Cmd::Lib => find_library().map(|lib| println!("{}", lib.display())),
+        Cmd::PkgConfig { prefix } => cmd_pkg_config(prefix),
+        Cmd::Install { prefix } => cmd_install(&prefix),
+        Cmd::Version => {
             println!("tlmalloc {}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
-        "--help" | "-h" | "help" => {
-            print!("{USAGE}");
-            Ok(())
-        }
-        other => Err(format!("unknown command `{other}` (try `tlmalloc --help`)")),
     };
     if let Err(message) = result {
         eprintln!("tlmalloc: {message}");
@@ -96,29 +183,18 @@ fn main() {
 }
 
 /// `run [--stats|--stats-all] [--] PROGRAM ARGS...`: never returns on success.
-fn cmd_run(args: &[OsString]) -> Result<(), String> {
-    let mut stats = None;
-    let mut i = 0;
-    while let Some(arg) = args.get(i) {
-        match arg.to_str() {
-            Some("--stats") => stats = Some(format!("pid:{}", std::process::id())),
-            Some("--stats-all") => stats = Some("1".to_string()),
-            Some("--") => {
-                i += 1;
-                break;
-            }
-            Some(flag) if flag.starts_with('-') => {
-                return Err(format!(
-                    "unknown option `{flag}` for `run` (try `tlmalloc --help`)"
-                ));
-            }
-            _ => break,
-        }
-        i += 1;
-    }
-    let Some(program) = args.get(i) else {
-        return Err("`run` needs a program: tlmalloc run [--stats] -- PROGRAM [ARGS...]".into());
+fn cmd_run(args: RunArgs) -> Result<(), String> {
+    let stats = if args.stats_all {
+        Some("1".to_string())
+    } else if args.stats {
+        Some(format!("pid:{}", std::process::id()))
+    } else {
+        None
     };
+    let (program, program_args) = args
+        .command
+        .split_first()
+        .ok_or("`run` needs a program: tlmalloc run [--stats] -- PROGRAM [ARGS...]")?;
     let lib = find_library()?;
     let mut preload = OsString::from(lib.as_os_str());
     if let Some(old) = env::var_os("LD_PRELOAD") {
@@ -128,7 +204,7 @@ fn cmd_run(args: &[OsString]) -> Result<(), String> {
         }
     }
     let mut cmd = Command::new(program);
-    cmd.args(&args[i + 1..]).env("LD_PRELOAD", preload);
+    cmd.args(program_args).env("LD_PRELOAD", preload);
     if let Some(value) = stats {
         cmd.env("TLMALLOC_SHOW_STATS", value);
     }
@@ -143,6 +219,24 @@ fn cmd_run(args: &[OsString]) -> Result<(), String> {
         Path::new(program).display()
     );
     exit(code);
+}
+
+/// `bench ARGS...`: exec the benchmark suite's binary, next to this one.
+/// Never returns on success.
+fn cmd_bench(args: Vec<OsString>) -> Result<(), String> {
+    let exe = env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+    let exe = exe.canonicalize().unwrap_or(exe);
+    let suite = exe.parent().unwrap_or(Path::new("/")).join(BENCH_SUITE);
+    if !suite.is_file() {
+        return Err(format!(
+            "`tlmalloc bench` runs {BENCH_SUITE}, which is not next to this launcher ({} not \
+             found): build it with `cargo build --release -p tlmalloc-benchsuite` (or the whole \
+             workspace: `cargo build --release`)",
+            suite.display()
+        ));
+    }
+    let err = Command::new(&suite).args(args).exec();
+    Err(format!("cannot run {}: {err}", suite.display()))
 }
 
 /// The library to preload: `TLMALLOC_LIB`, next to this executable, or in
@@ -176,14 +270,6 @@ fn find_library() -> Result<PathBuf, String> {
     Ok(lib)
 }
 
-fn prefix_option(args: &[OsString]) -> Result<Option<PathBuf>, String> {
-    match args {
-        [] => Ok(None),
-        [flag, dir] if flag == OsStr::new("--prefix") => Ok(Some(PathBuf::from(dir))),
-        _ => Err("expected `--prefix DIR`".into()),
-    }
-}
-
 fn pc_text(prefix: &Path, libdir: &Path, includedir: &Path) -> String {
     PC_TEMPLATE
         .replace("@PREFIX@", &prefix.display().to_string())
@@ -193,8 +279,8 @@ fn pc_text(prefix: &Path, libdir: &Path, includedir: &Path) -> String {
 }
 
 /// `pkg-config [--prefix DIR]`: the .pc for this build tree, or for DIR.
-fn cmd_pkg_config(args: &[OsString]) -> Result<(), String> {
-    let text = match prefix_option(args)? {
+fn cmd_pkg_config(prefix: Option<PathBuf>) -> Result<(), String> {
+    let text = match prefix {
         Some(prefix) => pc_text(&prefix, &prefix.join("lib"), &prefix.join("include")),
         None => {
             let lib = find_library()?;
@@ -211,10 +297,7 @@ fn cmd_pkg_config(args: &[OsString]) -> Result<(), String> {
 }
 
 /// `install --prefix DIR`.
-fn cmd_install(args: &[OsString]) -> Result<(), String> {
-    let Some(prefix) = prefix_option(args)? else {
-        return Err("`install` needs `--prefix DIR`".into());
-    };
+fn cmd_install(prefix: &Path) -> Result<(), String> {
     let fail = |what: &Path, e: io::Error| format!("{}: {e}", what.display());
     let lib = find_library()?;
     let libdir = prefix.join("lib");
@@ -249,7 +332,7 @@ fn cmd_install(args: &[OsString]) -> Result<(), String> {
     write(includedir.join("tlmalloc.h"), HEADER)?;
     write(
         pcdir.join("tlmalloc.pc"),
-        &pc_text(&prefix, &libdir, &includedir),
+        &pc_text(prefix, &libdir, &includedir),
     )?;
     Ok(())
 }

@@ -1,11 +1,12 @@
-//! The `tlmalloc` launcher: `run [--stats|--stats-all] -- PROGRAM`, `lib`,
-//! `pkg-config`, `install`.
+//! The `tlmalloc` launcher: `run [--stats|--stats-all] -- PROGRAM`, `bench`,
+//! `lib`, `pkg-config`, `install`.
 
 #[path = "../../tlmalloc-capi/tests/common/mod.rs"]
 mod common;
 
 use common::*;
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -19,6 +20,34 @@ fn launcher() -> PathBuf {
         "libtlmalloc.so is not next to the launcher"
     );
     exe
+}
+
+/// The launcher alone in `dir` (no library, no suite next to it): a hard
+/// link, so that no file is open for writing here. (A file this process
+/// writes can be held open by the child of another test's fork for a
+/// moment, and exec'ing it then fails with ETXTBSY.)
+fn lonely_launcher(dir: &Path) -> PathBuf {
+    let alone = dir.join("tlmalloc");
+    if fs::hard_link(launcher(), &alone).is_err() {
+        fs::copy(launcher(), &alone).unwrap();
+    }
+    alone
+}
+
+/// `run`, again while a program this test has just written is busy
+/// (ETXTBSY, see [`lonely_launcher`]), whether the test's own spawn or the
+/// launcher's exec meets it.
+fn run_fresh(what: &str, mut cmd: impl FnMut() -> Command) -> std::process::Output {
+    for _ in 0..100 {
+        match cmd().stdin(std::process::Stdio::null()).output() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {}
+            Err(e) => panic!("cannot run {what}: {e}"),
+            Ok(out) if text(&out.stderr).contains("Text file busy") => {}
+            Ok(out) => return out,
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("{what}: the program stayed busy (ETXTBSY)");
 }
 
 fn tlmalloc(args: &[&str]) -> Command {
@@ -143,6 +172,150 @@ fn run_is_transparent() {
     assert!(text(&out.stderr).contains("Usage:"));
 }
 
+/// Everything after PROGRAM is the program's, flags and `--` included, with
+/// or without a `--` before PROGRAM; flags before it are the launcher's.
+#[test]
+fn run_passes_the_arguments_verbatim() {
+    let script = r#"for a in "$@"; do printf '[%s]' "$a"; done; echo"#;
+    for (words, expected) in [
+        (
+            &[
+                "run", "--", "sh", "-c", script, "sh", "--stats", "-x", "--", "a b",
+            ][..],
+            "[--stats][-x][--][a b]",
+        ),
+        (
+            &["run", "sh", "-c", script, "sh", "--", "--help", "-V"],
+            "[--][--help][-V]",
+        ),
+        (&["run", "--stats-all", "--", "sh", "-c", script, "sh"], ""),
+    ] {
+        let out = run("tlmalloc run (arguments)", &mut tlmalloc(words));
+        assert_success("tlmalloc run", &out);
+        assert_eq!(text(&out.stdout), format!("{expected}\n"), "{words:?}");
+    }
+    // A program whose name looks like a flag, after `--`.
+    let out = run(
+        "tlmalloc run -- --stats",
+        &mut tlmalloc(&["run", "--", "--stats"]),
+    );
+    assert_eq!(out.status.code(), Some(127));
+    assert!(text(&out.stderr).contains("cannot run --stats"));
+    // The last of --stats and --stats-all counts.
+    let show = "echo \"$TLMALLOC_SHOW_STATS\"";
+    let out = run(
+        "tlmalloc run --stats-all --stats",
+        &mut tlmalloc(&["run", "--stats-all", "--stats", "sh", "-c", show]),
+    );
+    assert!(
+        text(&out.stdout).starts_with("pid:"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = run(
+        "tlmalloc run --stats --stats-all",
+        &mut tlmalloc(&["run", "--stats", "--stats-all", "sh", "-c", show]),
+    );
+    assert!(
+        text(&out.stdout).starts_with("1\n"),
+        "{}",
+        text(&out.stdout)
+    );
+    // An unknown flag before PROGRAM is a mistake, not a program.
+    let out = run(
+        "tlmalloc run --bogus",
+        &mut tlmalloc(&["run", "--bogus", "sh"]),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("--bogus"));
+    let out = run("tlmalloc nope", &mut tlmalloc(&["nope"]));
+    assert_eq!(out.status.code(), Some(1));
+    for words in [&["--version"][..], &["-V"], &["version"]] {
+        let out = run("tlmalloc --version", &mut tlmalloc(words));
+        assert_success("tlmalloc --version", &out);
+        assert_eq!(
+            text(&out.stdout),
+            format!("tlmalloc {}\n", env!("CARGO_PKG_VERSION"))
+        );
+    }
+    for words in [&["--help"][..], &["-h"], &["help"]] {
+        let out = run("tlmalloc --help", &mut tlmalloc(words));
+        assert_success("tlmalloc --help", &out);
+        let help = text(&out.stdout);
+        for command in [
+            "run",
+            "bench",
+            "lib",
+            "pkg-config",
+            "install",
+            "TLMALLOC_LIB",
+        ] {
+            assert!(help.contains(command), "{command}: {help}");
+        }
+    }
+}
+
+/// `bench ARGS...` execs the suite's binary next to the launcher with ARGS
+/// untouched (`--help` included); without one it says how to build it.
+#[test]
+fn bench_runs_the_suite_next_to_the_launcher() {
+    let dir = scratch("launcher_bench");
+    let alone = lonely_launcher(&dir);
+    let out = run(
+        "lonely tlmalloc bench",
+        Command::new(&alone).args(["bench", "--quick"]),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("tlmalloc-bench-suite")
+            && stderr.contains("cargo build --release -p tlmalloc-benchsuite"),
+        "{stderr}"
+    );
+
+    // A stand-in suite that prints its arguments and exits with 3.
+    let suite = dir.join("tlmalloc-bench-suite");
+    fs::write(
+        &suite,
+        "#!/bin/sh\nfor a in \"$@\"; do printf '[%s]' \"$a\"; done; echo; exit 3\n",
+    )
+    .unwrap();
+    fs::set_permissions(&suite, fs::Permissions::from_mode(0o755)).unwrap();
+    let out = run_fresh("tlmalloc bench (stand-in)", || {
+        let mut cmd = Command::new(&alone);
+        cmd.args(["bench", "--help", "-x", "--", "--runs=2", "a b"]);
+        cmd
+    });
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "[--help][-x][--][--runs=2][a b]\n");
+    let out = run_fresh("tlmalloc bench (no arguments)", || {
+        let mut cmd = Command::new(&alone);
+        cmd.arg("bench");
+        cmd
+    });
+    assert_eq!(text(&out.stdout), "\n");
+
+    // The real suite, when it was built next to the launcher (it is by
+    // `cargo build --release` and by the suite's own tests).
+    let real = launcher().with_file_name("tlmalloc-bench-suite");
+    if !real.is_file() {
+        eprintln!("SKIPPED: {} is not built", real.display());
+        return;
+    }
+    let out = run("tlmalloc bench --help", &mut tlmalloc(&["bench", "--help"]));
+    assert_success("tlmalloc bench --help", &out);
+    let help = text(&out.stdout);
+    assert!(
+        help.contains("Usage: tlmalloc bench") && help.contains("--workloads"),
+        "{help}"
+    );
+    let out = run(
+        "tlmalloc bench --bogus",
+        &mut tlmalloc(&["bench", "--bogus"]),
+    );
+    assert_eq!(out.status.code(), Some(2), "a usage error of the suite");
+}
+
 /// `lib` prints the library next to the launcher; a launcher without one
 /// says how to build it.
 #[test]
@@ -155,8 +328,7 @@ fn finds_the_library_next_to_itself() {
     );
 
     let dir = scratch("launcher_alone");
-    let alone = dir.join("tlmalloc");
-    fs::copy(launcher(), &alone).unwrap();
+    let alone = lonely_launcher(&dir);
     let out = run(
         "lonely tlmalloc lib",
         Command::new(&alone).arg("lib").env_remove("TLMALLOC_LIB"),

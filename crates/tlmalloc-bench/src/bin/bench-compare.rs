@@ -11,27 +11,76 @@
 //!               [--cg-iters 100000,200000] [--cg-dir DIR] [--bin-dir DIR]
 //! ```
 //!
-//! This driver uses the system allocator; only the subprocesses are measured.
+//! (`bench-compare --help` for what each option does; the command line is
+//! clap's.) This driver uses the system allocator; only the subprocesses
+//! are measured.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{exit, Command};
 
+use clap::{ArgAction, Parser};
+
 const ALLOCATORS: [&str; 3] = ["tlmalloc", "system", "mimalloc"];
 
+/// Time tlmalloc, the system allocator and mimalloc, each the global
+/// allocator of the same program, run interleaved.
+#[derive(Debug, Parser)]
+#[command(
+    name = "bench-compare",
+    version,
+    about = "Time tlmalloc against the system allocator and mimalloc (each the global allocator \
+of the same benchmark program), interleaved",
+    long_about = "Runs bench-tlmalloc, bench-system and bench-mimalloc (from --bin-dir, default \
+the directory of this program) as subprocesses, interleaved (A B C A B C …), and prints markdown \
+tables: the median ns per alloc+free pair, the min–max and each allocator's ratio to tlmalloc. \
+With --callgrind, also counts instructions per alloc+free pair under valgrind --tool=callgrind.",
+    args_override_self = true,
+    max_term_width = 100
+)]
 struct Options {
-    runs: usize,
-    sizes: Vec<usize>,
-    modes: Vec<String>,
+    /// Runs of each (mode, size, allocator); the median is reported
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = at_least_one)]
+    runs: u64,
+    /// Comma-separated block sizes in bytes
+    #[arg(long, value_name = "LIST", default_value = "16,64,256,1024", value_parser = sizes)]
+    sizes: ::std::vec::Vec<usize>,
+    /// Comma-separated modes: loop (alloc+free of one block, repeatedly), batch (N allocs, then
+    /// N frees, per round)
+    #[arg(long, value_name = "LIST", default_value = "loop,batch", value_parser = modes)]
+    modes: ::std::vec::Vec<String>,
+    /// Alloc+free pairs of a loop run
+    #[arg(long, value_name = "N", default_value = "20_000_000", value_parser = at_least_one)]
     iters: u64,
+    /// Blocks per batch round
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = at_least_one)]
     batch_n: u64,
+    /// Rounds of a batch run
+    #[arg(long, value_name = "N", default_value = "10_000", value_parser = at_least_one)]
     batch_rounds: u64,
+    /// Run every measurement under `taskset -c CPU`
+    #[arg(long, value_name = "CPU")]
     taskset: Option<String>,
-    timing: bool,
+    /// Also count instructions per alloc+free pair under valgrind --tool=callgrind
+    #[arg(long)]
     callgrind: bool,
-    cg_sizes: Option<Vec<usize>>,
+    /// Skip the timing runs (with --callgrind: only count instructions)
+    #[arg(long = "no-timing", action = ArgAction::SetFalse)]
+    timing: bool,
+    /// Comma-separated block sizes for --callgrind [default: the --sizes]
+    #[arg(long, value_name = "LIST", value_parser = numbers)]
+    cg_sizes: Option<::std::vec::Vec<usize>>,
+    /// The two loop lengths A,B (A < B) whose difference in instructions gives the count per
+    /// pair
+    #[arg(long, value_name = "A,B", default_value = "100000,200000", value_parser = cg_iters)]
     cg_iters: (u64, u64),
+    /// Where callgrind writes its output files [default: a new directory under the temporary
+    /// directory]
+    #[arg(long, value_name = "DIR", allow_hyphen_values = true)]
     cg_dir: Option<PathBuf>,
+    /// Where bench-tlmalloc, bench-system and bench-mimalloc are [default: the directory of this
+    /// program]
+    #[arg(long, value_name = "DIR", allow_hyphen_values = true)]
     bin_dir: Option<PathBuf>,
 }
 
@@ -40,87 +89,50 @@ fn die(message: &str) -> ! {
     exit(2)
 }
 
-fn parse_num(text: &str) -> u64 {
+/// A count: digits, with `_` separators allowed.
+fn parse_num(text: &str) -> Result<u64, String> {
     let digits: String = text.chars().filter(|&c| c != '_').collect();
-    digits
-        .parse()
-        .unwrap_or_else(|_| die(&format!("not a number: {text}")))
+    digits.parse().map_err(|_| format!("not a number: {text}"))
 }
 
-fn parse_list(text: &str) -> Vec<usize> {
+/// A count, raised to 1 if it is 0.
+fn at_least_one(text: &str) -> Result<u64, String> {
+    parse_num(text).map(|n| n.max(1))
+}
+
+fn numbers(text: &str) -> Result<Vec<usize>, String> {
     text.split(',')
         .filter(|s| !s.is_empty())
-        .map(|s| parse_num(s) as usize)
+        .map(|s| parse_num(s).map(|n| n as usize))
         .collect()
 }
 
-const USAGE: &str =
-    "usage: bench-compare [--runs N] [--sizes 16,64,256,1024] [--modes loop,batch] \
-[--iters N] [--batch-n N] [--batch-rounds N] [--taskset CPU] [--callgrind] [--no-timing] \
-[--cg-sizes LIST] [--cg-iters A,B] [--cg-dir DIR] [--bin-dir DIR]";
+fn sizes(text: &str) -> Result<Vec<usize>, String> {
+    let list = numbers(text)?;
+    if list.is_empty() || list.contains(&0) {
+        return Err("needs one or more sizes > 0".into());
+    }
+    Ok(list)
+}
 
-fn parse_args() -> Options {
-    let mut o = Options {
-        runs: 5,
-        sizes: vec![16, 64, 256, 1024],
-        modes: vec!["loop".into(), "batch".into()],
-        iters: 20_000_000,
-        batch_n: 1000,
-        batch_rounds: 10_000,
-        taskset: None,
-        timing: true,
-        callgrind: false,
-        cg_sizes: None,
-        cg_iters: (100_000, 200_000),
-        cg_dir: None,
-        bin_dir: None,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        let mut value = |name: &str| {
-            args.next()
-                .unwrap_or_else(|| die(&format!("{name} needs a value\n{USAGE}")))
-        };
-        match arg.as_str() {
-            "--runs" => o.runs = parse_num(&value("--runs")).max(1) as usize,
-            "--sizes" => o.sizes = parse_list(&value("--sizes")),
-            "--modes" => {
-                o.modes = value("--modes")
-                    .split(',')
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_owned)
-                    .collect();
-                if let Some(m) = o.modes.iter().find(|m| *m != "loop" && *m != "batch") {
-                    die(&format!("unknown mode {m} (loop, batch)"));
-                }
-            }
-            "--iters" => o.iters = parse_num(&value("--iters")).max(1),
-            "--batch-n" => o.batch_n = parse_num(&value("--batch-n")).max(1),
-            "--batch-rounds" => o.batch_rounds = parse_num(&value("--batch-rounds")).max(1),
-            "--taskset" => o.taskset = Some(value("--taskset")),
-            "--callgrind" => o.callgrind = true,
-            "--no-timing" => o.timing = false,
-            "--cg-sizes" => o.cg_sizes = Some(parse_list(&value("--cg-sizes"))),
-            "--cg-iters" => {
-                let list: Vec<u64> = value("--cg-iters").split(',').map(parse_num).collect();
-                match list[..] {
-                    [a, b] if a < b => o.cg_iters = (a, b),
-                    _ => die("--cg-iters takes two counts A,B with A < B"),
-                }
-            }
-            "--cg-dir" => o.cg_dir = Some(PathBuf::from(value("--cg-dir"))),
-            "--bin-dir" => o.bin_dir = Some(PathBuf::from(value("--bin-dir"))),
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                exit(0);
-            }
-            other => die(&format!("unknown argument {other}\n{USAGE}")),
-        }
+fn modes(text: &str) -> Result<Vec<String>, String> {
+    let list: Vec<String> = text
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if let Some(m) = list.iter().find(|m| *m != "loop" && *m != "batch") {
+        return Err(format!("unknown mode {m} (loop, batch)"));
     }
-    if o.sizes.is_empty() || o.sizes.contains(&0) {
-        die("--sizes needs one or more sizes > 0");
+    Ok(list)
+}
+
+fn cg_iters(text: &str) -> Result<(u64, u64), String> {
+    let list: Vec<u64> = text.split(',').map(parse_num).collect::<Result<_, _>>()?;
+    match list[..] {
+        [a, b] if a < b => Ok((a, b)),
+        _ => Err("takes two counts A,B with A < B".into()),
     }
-    o
 }
 
 fn bin_dir(o: &Options) -> PathBuf {
@@ -341,7 +353,7 @@ fn callgrind(o: &Options, dir: &Path) {
 }
 
 fn main() {
-    let o = parse_args();
+    let o = Options::parse();
     let dir = bin_dir(&o);
     if o.timing {
         timing(&o, &dir);
@@ -354,6 +366,75 @@ fn main() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Result<Options, clap::Error> {
+        Options::try_parse_from(std::iter::once(&"bench-compare").chain(args))
+    }
+
+    #[test]
+    fn command_line() {
+        Options::command().debug_assert();
+        let o = parse(&[]).unwrap();
+        assert_eq!(
+            (o.runs, o.iters, o.batch_n, o.batch_rounds),
+            (5, 20_000_000, 1000, 10_000)
+        );
+        assert_eq!(o.sizes, [16, 64, 256, 1024]);
+        assert_eq!(o.modes, ["loop", "batch"]);
+        assert_eq!(o.cg_iters, (100_000, 200_000));
+        assert!(o.timing && !o.callgrind && o.cg_sizes.is_none() && o.taskset.is_none());
+        let o = parse(&[
+            "--runs",
+            "0",
+            "--sizes",
+            "64",
+            "--modes",
+            "batch",
+            "--iters",
+            "1_000",
+            "--taskset",
+            "1",
+            "--callgrind",
+            "--no-timing",
+            "--cg-sizes",
+            "0,16",
+            "--cg-iters",
+            "10,20",
+            "--cg-dir",
+            "/tmp/cg",
+            "--bin-dir",
+            "/tmp/bin",
+            "--runs",
+            "3",
+        ])
+        .unwrap();
+        assert_eq!((o.runs, o.iters), (3, 1000));
+        assert_eq!((o.sizes, o.modes), (vec![64], vec!["batch".to_string()]));
+        assert_eq!(
+            (o.taskset.as_deref(), o.callgrind, o.timing),
+            (Some("1"), true, false)
+        );
+        assert_eq!((o.cg_sizes, o.cg_iters), (Some(vec![0, 16]), (10, 20)));
+        assert_eq!(o.cg_dir, Some(PathBuf::from("/tmp/cg")));
+        assert_eq!(o.bin_dir, Some(PathBuf::from("/tmp/bin")));
+        assert_eq!(parse(&["--runs", "0"]).unwrap().runs, 1);
+        let dash = parse(&["--cg-dir", "-c", "--bin-dir", "-b"]).unwrap();
+        assert_eq!(dash.cg_dir, Some(PathBuf::from("-c")));
+        assert_eq!(dash.bin_dir, Some(PathBuf::from("-b")));
+        for bad in [
+            &["--sizes", "0"][..],
+            &["--sizes", ""],
+            &["--modes", "nope"],
+            &["--cg-iters", "20,10"],
+            &["--cg-iters", "10"],
+            &["--iters", "x"],
+            &["--runs"],
+            &["--bogus"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn callgrind_summary_and_totals() {

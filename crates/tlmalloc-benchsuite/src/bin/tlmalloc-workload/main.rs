@@ -18,13 +18,18 @@
 //! thread count, parameter and a flat map of metrics (see the driver's
 //! `workloads` module for what each workload measures); a first line
 //! `MALLOC_FROM PATH` names the file `malloc` resolved to.
+//!
+//! The command line is clap's: each workload is a subcommand taking every
+//! option (`tlmalloc-workload help`, `tlmalloc-workload WORKLOAD --help`).
 
 mod sys;
 mod workloads;
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::process::exit;
+
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use tlmalloc_benchsuite::workloads::WORKLOADS;
 
 /// Options of one workload run.
 #[derive(Clone, Debug)]
@@ -74,20 +79,19 @@ pub fn emit(workload: &str, threads: usize, param: &str, metrics: &[(&str, f64)]
     let _ = out.flush();
 }
 
-fn die(message: &str) -> ! {
-    eprintln!("tlmalloc-workload: {message}");
-    exit(2)
+/// A count: digits, with `_` separators allowed.
+fn num(text: &str) -> Result<u64, String> {
+    let digits: String = text.chars().filter(|&c| c != '_').collect();
+    digits.parse().map_err(|_| format!("not a number: {text}"))
 }
 
-fn num(text: &str) -> u64 {
-    let digits: String = text.chars().filter(|&c| c != '_').collect();
-    digits
-        .parse()
-        .unwrap_or_else(|_| die(&format!("not a number: {text}")))
+/// A count of at least `MIN` (smaller ones are raised to it).
+fn at_least<const MIN: u64>(text: &str) -> Result<u64, String> {
+    num(text).map(|n| n.max(MIN))
 }
 
 /// A size: a number of bytes, or with a K/M/G suffix (binary).
-fn size(text: &str) -> usize {
+fn size(text: &str) -> Result<usize, String> {
     let t = text.trim();
     let (digits, mult) = match t.chars().last() {
         Some('K' | 'k') => (&t[..t.len() - 1], 1usize << 10),
@@ -95,97 +99,270 @@ fn size(text: &str) -> usize {
         Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
         _ => (t, 1),
     };
-    num(digits) as usize * mult
+    Ok(num(digits)? as usize * mult)
 }
 
-const USAGE: &str = "usage: tlmalloc-workload WORKLOAD [--threads T] [--ms MS] [--ops N] \
-[--samples N] [--blocks N] [--count N] [--lifetime N] [--sizes LIST] [--modes LIST] [--seed N]\n\
-       tlmalloc-workload probe | pair SIZE ITERS\n\
-workloads: loop balanced alloc-heavy fixed mixed latency xthread migrate server churn fragmentation";
+fn size_list(text: &str) -> Result<Vec<usize>, String> {
+    let sizes: Vec<usize> = text
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(size)
+        .collect::<Result<_, _>>()?;
+    if sizes.is_empty() || sizes.contains(&0) {
+        return Err("needs sizes > 0".into());
+    }
+    Ok(sizes)
+}
+
+const MODES: [&str; 2] = ["server", "larson"];
+
+fn mode_list(text: &str) -> Result<Vec<String>, String> {
+    let modes: Vec<String> = text
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
+    if let Some(m) = modes.iter().find(|m| !MODES.contains(&m.as_str())) {
+        return Err(format!("unknown server mode {m} (server, larson)"));
+    }
+    Ok(modes)
+}
+
+/// `tlmalloc-workload`: one measurement of one workload, allocating through
+/// libc malloc/free (LD_PRELOAD decides the allocator).
+#[derive(Debug, Parser)]
+#[command(
+    name = "tlmalloc-workload",
+    version,
+    about = "One measurement of a workload of `tlmalloc bench`, allocating through libc \
+malloc/free (LD_PRELOAD decides the allocator)",
+    long_about = "One measurement of a workload of `tlmalloc bench`, allocating through libc \
+malloc/free only, so LD_PRELOAD decides the allocator. Prints `MALLOC_FROM PATH` (the file \
+malloc resolved to), then one line `RESULT {json}` per measurement. Normally run by \
+`tlmalloc bench`, once per (workload, allocator, threads, run).",
+    subcommand_value_name = "WORKLOAD",
+    subcommand_help_heading = "Workloads",
+    arg_required_else_help = true,
+    max_term_width = 100
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+/// What to run: a workload (with its options), `probe` or `pair`.
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// malloc(N), touch the first byte, free, for each N of --sizes
+    Loop(Opts),
+    /// Objects of a few sizes, zeroed, linked and freed, with some larger blocks
+    Balanced(Opts),
+    /// 4096 80-byte blocks outstanding per thread, then all freed, repeatedly
+    AllocHeavy(Opts),
+    /// 64-byte churn: each thread replaces a random one of its 256 blocks
+    Fixed(Opts),
+    /// Log-uniform sizes 8 B–4 KiB, a random live set; --ops mallocs and frees in all
+    Mixed(Opts),
+    /// The time of a single 64-byte malloc and of a single free (--samples per thread)
+    Latency(Opts),
+    /// Producer threads hand 64-byte blocks to consumer threads that free them
+    Xthread(Opts),
+    /// Objects passed between threads at random before the last receiver frees them
+    Migrate(Opts),
+    /// Server threads replacing blocks, and the larson simulation (--modes, --lifetime)
+    Server(Opts),
+    /// Short-lived threads, T at a time (--count in all); resident memory after them
+    Churn(Opts),
+    /// Many small blocks (--blocks), 90 % freed, then larger ones; RSS over live bytes
+    Fragmentation(Opts),
+    /// Print which malloc is in use, and its version
+    Probe,
+    /// The loop for valgrind --tool=callgrind: ITERS malloc+free pairs of SIZE bytes, no timing
+    Pair {
+        /// Block size in bytes (0: the empty loop, for the loop's own cost)
+        #[arg(value_parser = num)]
+        size: u64,
+        /// Number of malloc+free pairs
+        #[arg(value_parser = num)]
+        iters: u64,
+    },
+}
+
+/// The options of a workload. Every workload accepts every option and uses
+/// the ones that concern it. Numbers may have `_` separators; given twice,
+/// the last one counts.
+#[derive(Debug, clap::Args)]
+#[command(args_override_self = true)]
+struct Opts {
+    /// Threads (each workload has its own lower bound)
+    #[arg(long, value_name = "T", default_value_t = 1, value_parser = at_least::<1>)]
+    threads: u64,
+    /// Length of a time-bounded measurement, in milliseconds
+    #[arg(long, value_name = "MS", default_value_t = 200, value_parser = at_least::<1>)]
+    ms: u64,
+    /// Operations in all threads together (mixed)
+    #[arg(long, value_name = "N", default_value = "10_000_000", value_parser = at_least::<1>)]
+    ops: u64,
+    /// Samples per thread and per operation kind (latency)
+    #[arg(long, value_name = "N", default_value = "1_000_000", value_parser = at_least::<1>)]
+    samples: u64,
+    /// Blocks of the first phase (fragmentation; at least 10)
+    #[arg(long, value_name = "N", default_value = "1_000_000", value_parser = at_least::<10>)]
+    blocks: u64,
+    /// Threads created in all (churn)
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = at_least::<1>)]
+    count: u64,
+    /// Replacements per thread before it hands its blocks over (server, larson mode; at least
+    /// 64)
+    #[arg(long, value_name = "N", default_value = "10_000", value_parser = at_least::<64>)]
+    lifetime: u64,
+    /// Comma-separated block sizes, with an optional K, M or G suffix (loop) [default: 16 B to
+    /// 96 MiB, the powers of two and 1.5× powers]
+    #[arg(long, value_name = "LIST", value_parser = size_list)]
+    sizes: Option<::std::vec::Vec<usize>>,
+    /// Comma-separated modes of the server workload: server, larson
+    #[arg(long, value_name = "LIST", default_value = "server,larson", value_parser = mode_list)]
+    modes: ::std::vec::Vec<String>,
+    /// Seed of the random numbers
+    #[arg(long, value_name = "N", default_value_t = 42, value_parser = num)]
+    seed: u64,
+}
+
+impl From<Opts> for Params {
+    fn from(o: Opts) -> Params {
+        Params {
+            threads: o.threads as usize,
+            ms: o.ms,
+            ops: o.ops,
+            samples: o.samples,
+            blocks: o.blocks,
+            count: o.count,
+            lifetime: o.lifetime,
+            sizes: o.sizes.unwrap_or_else(workloads::loop_sizes),
+            modes: o.modes,
+            seed: o.seed,
+        }
+    }
+}
+
+/// The command line, each workload's `--help` completed with the driver's
+/// description of it.
+fn parse() -> Cli {
+    let cmd = WORKLOADS.iter().fold(Cli::command(), |cmd, w| {
+        cmd.mut_subcommand(w.name, |sub| sub.long_about(w.about.replace('`', "")))
+    });
+    Cli::from_arg_matches(&cmd.get_matches()).unwrap_or_else(|e| e.exit())
+}
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some(workload) = args.first() else {
-        die(USAGE)
+    let (run, opts): (fn(&Params), Opts) = match parse().command {
+        Cmd::Probe => return workloads::probe(),
+        Cmd::Pair { size, iters } => return workloads::pair(size as usize, iters),
+        Cmd::Loop(o) => (workloads::loop_, o),
+        Cmd::Balanced(o) => (workloads::balanced, o),
+        Cmd::AllocHeavy(o) => (workloads::alloc_heavy, o),
+        Cmd::Fixed(o) => (workloads::fixed, o),
+        Cmd::Mixed(o) => (workloads::mixed, o),
+        Cmd::Latency(o) => (workloads::latency, o),
+        Cmd::Xthread(o) => (workloads::xthread, o),
+        Cmd::Migrate(o) => (workloads::migrate, o),
+        Cmd::Server(o) => (workloads::server, o),
+        Cmd::Churn(o) => (workloads::churn, o),
+        Cmd::Fragmentation(o) => (workloads::fragmentation, o),
     };
-    match workload.as_str() {
-        "probe" => return workloads::probe(),
-        "pair" => {
-            let size = args.get(1).map_or_else(|| die(USAGE), |s| num(s)) as usize;
-            let iters = args.get(2).map_or_else(|| die(USAGE), |s| num(s));
-            return workloads::pair(size, iters);
-        }
-        "-h" | "--help" => {
-            println!("{USAGE}");
-            return;
-        }
-        _ => {}
-    }
-    let mut p = Params {
-        threads: 1,
-        ms: 200,
-        ops: 10_000_000,
-        samples: 1_000_000,
-        blocks: 1_000_000,
-        count: 1000,
-        lifetime: 10_000,
-        sizes: workloads::loop_sizes(),
-        modes: vec!["server".into(), "larson".into()],
-        seed: 42,
-    };
-    let mut it = args[1..].iter();
-    while let Some(arg) = it.next() {
-        let mut value = || {
-            it.next()
-                .unwrap_or_else(|| die(&format!("{arg} needs a value")))
-        };
-        match arg.as_str() {
-            "--threads" => p.threads = num(value()).max(1) as usize,
-            "--ms" => p.ms = num(value()).max(1),
-            "--ops" => p.ops = num(value()).max(1),
-            "--samples" => p.samples = num(value()).max(1),
-            "--blocks" => p.blocks = num(value()).max(10),
-            "--count" => p.count = num(value()).max(1),
-            "--lifetime" => p.lifetime = num(value()).max(64),
-            "--seed" => p.seed = num(value()),
-            "--sizes" => {
-                p.sizes = value()
-                    .split(',')
-                    .filter(|s| !s.is_empty())
-                    .map(size)
-                    .collect();
-                if p.sizes.is_empty() || p.sizes.contains(&0) {
-                    die("--sizes needs sizes > 0");
-                }
-            }
-            "--modes" => {
-                p.modes = value()
-                    .split(',')
-                    .filter(|s| !s.is_empty())
-                    .map(String::from)
-                    .collect()
-            }
-            other => die(&format!("unknown argument {other}\n{USAGE}")),
-        }
-    }
     // Which malloc this process really has: the driver checks it (a
     // preload the dynamic linker could not load is only a warning to it).
     println!(
         "MALLOC_FROM {}",
         workloads::malloc_from().unwrap_or_default()
     );
-    match workload.as_str() {
-        "loop" => workloads::loop_(&p),
-        "balanced" => workloads::balanced(&p),
-        "alloc-heavy" => workloads::alloc_heavy(&p),
-        "fixed" => workloads::fixed(&p),
-        "mixed" => workloads::mixed(&p),
-        "latency" => workloads::latency(&p),
-        "xthread" => workloads::xthread(&p),
-        "migrate" => workloads::migrate(&p),
-        "server" => workloads::server(&p),
-        "churn" => workloads::churn(&p),
-        "fragmentation" => workloads::fragmentation(&p),
-        other => die(&format!("unknown workload {other}\n{USAGE}")),
+    run(&Params::from(opts));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(args: &[&str]) -> Result<Params, clap::Error> {
+        let argv = ["tlmalloc-workload", "loop"].iter().chain(args);
+        match Cli::try_parse_from(argv)?.command {
+            Cmd::Loop(o) => Ok(o.into()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_command_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_workload_of_the_driver_is_a_subcommand() {
+        let cmd = Cli::command();
+        for w in WORKLOADS {
+            assert!(cmd.find_subcommand(w.name).is_some(), "{}", w.name);
+        }
+        assert!(cmd.find_subcommand("probe").is_some());
+        assert!(cmd.find_subcommand("pair").is_some());
+    }
+
+    #[test]
+    fn defaults_and_values() {
+        let p = opts(&[]).unwrap();
+        assert_eq!(
+            (p.threads, p.ms, p.ops, p.samples),
+            (1, 200, 10_000_000, 1_000_000)
+        );
+        assert_eq!(
+            (p.blocks, p.count, p.lifetime, p.seed),
+            (1_000_000, 1000, 10_000, 42)
+        );
+        assert_eq!(p.sizes, workloads::loop_sizes());
+        assert_eq!(p.modes, ["server", "larson"]);
+        let p = opts(&[
+            "--threads",
+            "0",
+            "--ms",
+            "1_000",
+            "--blocks",
+            "3",
+            "--lifetime",
+            "5",
+            "--sizes",
+            "16,4K,1m",
+            "--modes",
+            "larson",
+            "--seed",
+            "7",
+            "--ms",
+            "20",
+        ])
+        .unwrap();
+        assert_eq!(
+            (p.threads, p.ms, p.blocks, p.lifetime, p.seed),
+            (1, 20, 10, 64, 7)
+        );
+        assert_eq!(p.sizes, [16, 4096, 1 << 20]);
+        assert_eq!(p.modes, ["larson"]);
+        for bad in [
+            &["--sizes", "0"][..],
+            &["--sizes", ","],
+            &["--modes", "nope"],
+            &["--ms", "x"],
+            &["--ms"],
+            &["--bogus"],
+        ] {
+            assert!(opts(bad).is_err(), "{bad:?}");
+        }
+        let pair = Cli::try_parse_from(["w", "pair", "64", "100_000"]).unwrap();
+        assert!(matches!(
+            pair.command,
+            Cmd::Pair {
+                size: 64,
+                iters: 100_000
+            }
+        ));
+        assert!(Cli::try_parse_from(["w", "pair", "64"]).is_err());
+        assert!(Cli::try_parse_from(["w", "nope"]).is_err());
     }
 }

@@ -1,7 +1,7 @@
 //! The workloads. Each prepares everything it needs (pointer arrays, size
 //! tables, sample buffers, threads) before its timed region, allocates
 //! inside it only through [`alloc`] and [`dealloc`], and prints its result
-//! lines with [`emit`](crate::emit).
+//! lines with [`emit`].
 //!
 //! Metrics (all in the `metrics` map of a result line):
 //! - `mops`: million operations per second (what an operation is depends on
