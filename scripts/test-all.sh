@@ -1,11 +1,31 @@
 #!/usr/bin/env bash
-# Every test of the project: the README's test command, and what CI runs.
-#   1. the workspace's tests in release mode (stress, RSS bounds, C/C++ conformance, real programs);
-#   2. the stress and alignment tests again with the internal invariant checkers on, and the
-#      sized-free, stats, heap, pool and allocator tests with checks and per-op counters on;
-#   3. the loom models of the cross-thread protocols.
+# Every test and check of the project: the README's test command, and what CI runs.
+#   1. style and structure: rustfmt, clippy (warnings are errors, tests included),
+#      rustdoc (warnings are errors), the layering check (no module of the core
+#      names one above it, crates/tlmalloc/LAYERS) and the stack-frame check (no
+#      function of libtlmalloc.so reserves more than 1 KiB of stack);
+#   2. the workspace's tests in release mode (stress, RSS bounds, small stacks,
+#      C/C++ conformance, real programs);
+#   3. the stress and alignment tests again with the internal invariant checkers
+#      on, and the sized-free, stats, heap, pool and allocator tests with checks
+#      and per-op counters on;
+#   4. the core's tests in the debug profile (debug assertions, overflow checks);
+#   5. the loom models of the cross-thread protocols.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+echo "== rustfmt, clippy, rustdoc"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy -p tlmalloc --all-targets --features check,stats -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet
+
+echo "== layering and stack frames"
+python3 scripts/check-layers.py --self-test
+python3 scripts/check-layers.py
+cargo build --release -p tlmalloc-capi --quiet
+scripts/check-stack-frames.sh --self-test
+scripts/check-stack-frames.sh target/release/libtlmalloc.so
 
 echo "== cargo test --workspace --release"
 cargo test --workspace --release
@@ -13,6 +33,9 @@ cargo test --workspace --release
 echo "== invariant checkers on (feature check), per-op counters (feature stats)"
 cargo test -p tlmalloc --release --features check --test stress --test alignment
 cargo test -p tlmalloc --release --features check,stats --test sized_free --test stats --test user_heap --test pool --test allocator_api # wrong sizes abort; exact per-op counters
+
+echo "== the core in the debug profile (debug assertions and overflow checks on)"
+cargo test -p tlmalloc
 
 echo "== loom models (RUSTFLAGS=--cfg loom)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p tlmalloc --release --test loom

@@ -121,6 +121,10 @@ throwing_new! {
 }
 
 /// Failure path of the unaligned forms: `new_fail(size, 0)`.
+///
+/// # Safety
+/// Only jumped to from a throwing `operator new` entry point, with the
+/// C++ caller's frame below (see [`new_fail`]).
 #[unsafe(naked)]
 unsafe extern "C" fn new_fail_unaligned(size: usize) -> *mut c_void {
     core::arch::naked_asm!(
@@ -135,6 +139,11 @@ unsafe extern "C" fn new_fail_unaligned(size: usize) -> *mut c_void {
 /// The allocation failed: run the new-handler loop, or throw `bad_alloc`.
 /// Entered by a jump from an entry point, so the frame below is the C++ caller's.
 /// `rdi` = size, `rsi` = alignment (0 for the unaligned forms).
+///
+/// # Safety
+/// Only jumped to (never called) from a throwing `operator new` entry
+/// point or [`new_fail_unaligned`], so that unwinding `bad_alloc` sees the
+/// C++ caller's frame directly below.
 #[unsafe(naked)]
 unsafe extern "C" fn new_fail(size: usize, align: usize) -> *mut c_void {
     core::arch::naked_asm!(

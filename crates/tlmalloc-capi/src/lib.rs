@@ -19,22 +19,24 @@
 //! Rules every exported function follows:
 //! - **It never allocates** (no `alloc`, no `std` collections or formatting
 //!   into `String`): it runs inside `malloc` itself.
-//! - **It never panics**: no indexing, slicing, `unwrap` or arithmetic that
-//!   can overflow on a path an exported function reaches. A panic inside
-//!   `malloc` could only abort.
+//! - **It aims never to panic** (the panic sites the core still has on
+//!   allocation paths are being audited away): a panic inside `malloc` can
+//!   only abort (`panic = "abort"`), and today it would first run std's
+//!   panic hook.
 //! - **errno** is set to `ENOMEM` exactly when an allocation fails, and left
 //!   untouched on success (`posix_memalign` saves and restores it, since the
 //!   OS calls of the slow path may set it even when they succeed).
 //!
-//! Hot paths (x86-64, counted with `objdump -d` on the release build):
-//! `malloc` of up to 1 KiB is 17 instructions (size test, initial-exec TLS
-//! load, one indexed load, pop, count); `free` by the owning thread is 26,
-//! of which 6 (two loads: the map's address and the byte) are the
-//! foreign-pointer check. `scripts/callgrind-preload.sh` counts the pair.
+//! Hot paths (x86-64, `scripts/hotpath-counts.sh` on the release build):
+//! `malloc` of up to 1 KiB is 16 instructions (size test, initial-exec TLS
+//! load, one indexed load, pop, count, `ret`); `free` by the owning thread
+//! is 26, of which 6 (two loads: the map's address and the byte) are the
+//! foreign-pointer check.
 //!
-//! Lock order and fork: this crate takes no lock of its own. The core's locks
-//! (see `crates/tlmalloc/src/fork.rs`: process heap → abandoned list → heap
-//! pool → segment cache) are all taken by its `pthread_atfork` prepare
+//! Lock order and fork: this crate takes no lock of its own (but for the
+//! buffer `tl_stats` reads older layouts into). The core's locks (see
+//! `crates/tlmalloc/src/fork.rs`: process heap → abandoned list → heap pool
+//! → segment cache → registry → user heaps' large blocks) are all taken by its `pthread_atfork` prepare
 //! handler, so a child may allocate at once even if the parent forked while
 //! another thread was inside the allocator.
 
@@ -44,9 +46,9 @@
 // The standard library is linked only for its panic handler (the core's
 // unreachable `expect`s and bounds checks reference one) and, in builds with
 // panic=unwind, for the unwinding runtime. Nothing here allocates. The
-// handler's thread-locals are why the library's TLS segment is 80 bytes
-// (std's panic count, output capture, current thread, destructor list)
-// around tlmalloc's own 8: all of it static TLS, reserved once per thread
+// handler's thread-locals are why the library's TLS segment is 24 bytes
+// (`readelf -lW libtlmalloc.so`: std's 16 around tlmalloc's own 8): all of
+// it static TLS, reserved once per thread
 // by the loader; only tlmalloc's slot is read on the hot paths (initial-exec,
 // no `__tls_get_addr`). A `#![no_std]` library with its own panic handler
 // would have 8 bytes, but the core's `std` feature (which other workspace

@@ -166,6 +166,9 @@ pub unsafe fn free(p: *mut u8) {
 }
 
 /// Null, a block aligned to 4 MiB or more, or a foreign pointer.
+///
+/// # Safety
+/// As [`free`].
 #[cold]
 #[inline(never)]
 unsafe fn free_unusual(p: *mut u8) {

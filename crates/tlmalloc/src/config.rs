@@ -51,7 +51,7 @@ pub const OS_PAGE_SIZE: usize = 4096;
 /// large segment.
 pub const POOL_ALIGN_MAX: usize = SMALL_PAGE_SIZE;
 /// Fresh blocks are threaded onto a page's free list this many bytes at a
-/// time, so a page touched by one allocation costs one OS page, not 64 KiB.
+/// time, so a page touched by one allocation costs four OS pages, not 64 KiB.
 pub const PAGE_EXTEND_BYTES: usize = 16 * 1024;
 
 /// Large blocks up to this size are rounded to a size class and may be

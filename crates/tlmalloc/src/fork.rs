@@ -32,6 +32,11 @@ pub fn register() {
     os::register_fork_handlers(prepare, parent, child);
 }
 
+/// Before `fork`: take every lock, in order.
+///
+/// # Safety
+/// Called by `fork` only (`pthread_atfork`), on the forking thread, and
+/// followed by [`parent`] or [`child`] on the same thread.
 unsafe extern "C" fn prepare() {
     PROCESS_HEAP.acquire();
     ABANDONED.lock_ref().acquire();
@@ -42,6 +47,10 @@ unsafe extern "C" fn prepare() {
     unsafe { registry::fork_lock_user_heaps(true) };
 }
 
+/// After `fork`, in the parent: release what [`prepare`] took.
+///
+/// # Safety
+/// Called by `fork` only, after [`prepare`] on this thread.
 unsafe extern "C" fn parent() {
     // SAFETY: `prepare` took each lock on this thread, guard-less.
     unsafe {
@@ -54,6 +63,11 @@ unsafe extern "C" fn parent() {
     }
 }
 
+/// After `fork`, in the child: free every lock (their holders other than
+/// this thread do not exist here) and forget the other threads' heaps.
+///
+/// # Safety
+/// Called by `fork` only, in the child, after [`prepare`] in the parent.
 unsafe extern "C" fn child() {
     options::after_fork_child();
     // SAFETY: the child has one thread, this one, which took every lock in `prepare`.

@@ -42,6 +42,9 @@ fn sizes_for(align: usize) -> Vec<usize> {
 }
 
 /// Write every byte of the block, then check the ends.
+///
+/// # Safety
+/// `p` is a live block of at least `size` bytes.
 unsafe fn touch(p: *mut u8, size: usize, tag: u8) {
     // SAFETY: caller passes a live block of `size` bytes.
     unsafe {

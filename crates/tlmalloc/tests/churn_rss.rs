@@ -214,6 +214,8 @@ thread_local! {
 /// exercised whatever order the C library runs destructors in.
 static OUR_KEY: std::sync::OnceLock<libc::pthread_key_t> = std::sync::OnceLock::new();
 
+/// # Safety
+/// Called by the C library only, as the destructor of `OUR_KEY`.
 unsafe extern "C" fn our_key_destructor(value: *mut libc::c_void) {
     let call = value as usize; // 1 on the first call
     let kind = tlmalloc::thread_heap_kind();
@@ -328,6 +330,8 @@ fn allocation_in_thread_exit_destructors() {
 static DEAD_LEFT: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
 static CHURN_KEY: std::sync::OnceLock<libc::pthread_key_t> = std::sync::OnceLock::new();
 
+/// # Safety
+/// Called by the C library only, as the destructor of `CHURN_KEY`.
 unsafe extern "C" fn churn_key_destructor(value: *mut libc::c_void) {
     let call = value as usize;
     if tlmalloc::thread_heap_kind() == HeapKind::Thread && call < 4 {

@@ -472,7 +472,7 @@ fn segment_aligned_type() {
     assert_eq!(core::mem::size_of::<Huge>(), 4 << 20);
     assert_eq!(HUGE.block_size(), tlmalloc::good_size(4 << 20));
     thread::Builder::new()
-        .stack_size(64 << 20)
+        .stack_size(512 << 20) // an unoptimised build copies the 4 MiB value at every call level
         .spawn(|| {
             let boxes: Vec<PoolBox<Huge>> = (0..4u64)
                 .map(|i| {
@@ -501,6 +501,17 @@ fn segment_aligned_type() {
 
 #[test]
 fn large_type_in_a_pool() {
+    // `Pool::alloc` takes the 200 KB value by value: an unoptimised build
+    // copies it through every call level, more than a test thread's stack.
+    thread::Builder::new()
+        .stack_size(32 << 20)
+        .spawn(large_type_in_a_pool_body)
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
+fn large_type_in_a_pool_body() {
     const WORDS: usize = 25_000; // 200_000 bytes: a large block
     static BIG: Pool<[u64; WORDS]> = Pool::new();
     assert_eq!(BIG.block_size(), tlmalloc::good_size(WORDS * 8));

@@ -360,6 +360,11 @@ static EXIT_KEY: AtomicUsize = AtomicUsize::new(usize::MAX);
 /// The function the destructor calls, as a `usize` (0: none).
 static EXIT_HOOK: AtomicUsize = AtomicUsize::new(0);
 
+/// The pthread key's destructor: calls the registered hook.
+///
+/// # Safety
+/// Called by the C library only, at the exit of a thread whose key value
+/// is `value` (what `on_thread_start` stored).
 unsafe extern "C" fn thread_exit_trampoline(value: *mut c_void) {
     let hook = EXIT_HOOK.load(Ordering::Acquire);
     if hook != 0 && !value.is_null() {
