@@ -176,11 +176,9 @@ fn sqlite_script() -> String {
         "CREATE TABLE t(id INTEGER PRIMARY KEY, name TEXT, grp INTEGER, val REAL, note TEXT);\n",
     );
     sql.push_str("BEGIN;\n");
-    let mut state: u64 = 42;
+    let mut rng = Rng::new(42);
     for id in 1..=200_000u64 {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
+        let state = rng.next();
         let grp = (state >> 33) % 100;
         let val = ((state >> 20) % 100_000) as f64 / 100.0;
         let note_len = ((state >> 40) % 60) as usize;

@@ -11,7 +11,7 @@ mod common;
 
 use std::alloc::{alloc, dealloc, realloc, Layout};
 
-use common::{mib, serial, GIB, KIB, MIB, PAGE};
+use common::{mib, serial, Rng, GIB, KIB, MIB, PAGE};
 use tlmalloc::stats::os_stats;
 
 #[global_allocator]
@@ -276,14 +276,6 @@ fn grown_block_is_released_after_free() {
     );
 }
 
-/// A tiny xorshift generator (deterministic per thread).
-fn next(s: &mut u64) -> u64 {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    *s
-}
-
 /// Threads growing large blocks with `mremap` while others map segments:
 /// the range a moved block leaves is unmarked in the segment map before
 /// the move, so a segment another thread maps there at once keeps its
@@ -295,10 +287,10 @@ fn moving_large_blocks_while_other_threads_map() {
     let workers: Vec<_> = (0..4u64)
         .map(|t| {
             std::thread::spawn(move || {
-                let mut s = t * 7919 + 1;
+                let mut rng = Rng::new(t * 7919 + 1);
                 let mut live: Vec<(usize, usize)> = Vec::new();
                 for i in 0..40_000 {
-                    let r = next(&mut s);
+                    let r = rng.next();
                     if r % 3 != 0 || live.is_empty() {
                         let size = match r % 7 {
                             0 => 200 * KIB,
