@@ -10,7 +10,7 @@
 //! | `realloc(p, n)` fails | NULL, `errno = ENOMEM`, `p` untouched |
 //! | `reallocarray(p, n, size)`, overflow | NULL, `errno = ENOMEM`, `p` untouched |
 //! | `posix_memalign`, alignment not a power of two multiple of `sizeof(void*)` | `EINVAL`; `*out` and `errno` untouched |
-//! | `posix_memalign` out of memory | `ENOMEM`; `*out` and `errno` untouched |
+//! | `posix_memalign` out of memory | `ENOMEM`, and `errno = ENOMEM` (as glibc); `*out` untouched |
 //! | `aligned_alloc`, alignment 0 or not a power of two | NULL, `errno = EINVAL` (glibc ≥ 2.38, C17 DR 460) |
 //! | `memalign`, alignment not a power of two | rounded up to the next power of two (glibc); above 2^63: NULL, `EINVAL` |
 //! | `valloc(n)` / `pvalloc(n)` | page aligned; `pvalloc` rounds `n` up to whole pages (at least one) |
@@ -186,7 +186,9 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, count: usize, size: usize)
     unsafe { do_realloc(p, total) }
 }
 
-/// POSIX `posix_memalign`: 0, `EINVAL` or `ENOMEM`; `errno` is never changed.
+/// POSIX `posix_memalign`: 0, `EINVAL` or `ENOMEM`. `errno` is set to
+/// `ENOMEM` when out of memory (as glibc does, and its tests expect), and
+/// left as it was otherwise.
 ///
 /// # Safety
 /// `out` is valid for a pointer-sized write.
@@ -198,10 +200,12 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
     }
     let saved = crate::errno();
     let p = core_alloc::malloc_aligned(size, align);
-    set_errno(saved);
     if p.is_null() {
+        set_errno(libc::ENOMEM);
         return libc::ENOMEM;
     }
+    // The slow path's system calls may set errno even when they succeed.
+    set_errno(saved);
     // SAFETY: caller contract on `out`.
     unsafe { out.write(p.cast()) };
     0

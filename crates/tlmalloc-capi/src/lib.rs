@@ -33,12 +33,11 @@
 //! is 26, of which 6 (two loads: the map's address and the byte) are the
 //! foreign-pointer check.
 //!
-//! Lock order and fork: this crate takes no lock of its own (but for the
-//! buffer `tl_stats` reads older layouts into). The core's locks (see
-//! `crates/tlmalloc/src/fork.rs`: process heap → abandoned list → heap pool
-//! → segment cache → registry → user heaps' large blocks) are all taken by its `pthread_atfork` prepare
-//! handler, so a child may allocate at once even if the parent forked while
-//! another thread was inside the allocator.
+//! Lock order and fork: this crate takes no lock of its own. The core holds
+//! none across `fork` (`crates/tlmalloc/src/fork.rs`): its child handler
+//! repairs what a vanished thread left half-changed, so `fork` never waits
+//! for a thread inside `malloc`, a signal handler may `fork`, and the child
+//! may allocate at once.
 
 #![no_std]
 #![deny(clippy::undocumented_unsafe_blocks)]

@@ -58,26 +58,13 @@ pub unsafe extern "C" fn tl_stats(out: *mut Stats) -> c_int {
         unsafe { tlmalloc_core::stats_into(&mut *out) };
         return 0;
     }
-    // An older, shorter layout: read into a buffer of our own, then copy
-    // the caller's prefix (later versions only append fields).
-    let mut stats = PREFIX_BUFFER.lock();
-    tlmalloc_core::stats_into(&mut stats);
+    // An older, shorter layout: the core reads into a buffer of its own and
+    // copies the caller's prefix (later versions only append fields).
     // SAFETY: `out` points to a writable `tl_stats_t` of the caller's
-    // version, `bytes` long, which is a prefix of `Stats` (layout
-    // assertions below).
-    unsafe {
-        ptr::copy_nonoverlapping(
-            (&*stats as *const Stats).cast::<u8>(),
-            out.cast::<u8>(),
-            bytes,
-        )
-    };
+    // version, `bytes` long, a prefix of `Stats` (layout assertions below).
+    unsafe { tlmalloc_core::stats::stats_prefix_into(out.cast::<u8>(), bytes) };
     0
 }
-
-/// Where `tl_stats` reads the statistics for a caller of an older layout.
-static PREFIX_BUFFER: tlmalloc_core::lock::SpinLock<Stats> =
-    tlmalloc_core::lock::SpinLock::new(Stats::ZERO);
 
 /// Bytes of `tl_stats_t` in each layout version (index: the version; 0 is
 /// not one). A caller compiled against an older header gets exactly its

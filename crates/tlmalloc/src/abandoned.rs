@@ -66,9 +66,23 @@ impl Abandoned {
         }
     }
 
-    /// The lock, for the fork handlers.
-    pub(crate) fn lock_ref(&self) -> &SpinLock<AbandonedList> {
-        &self.list
+    /// Fork child: if a vanished thread held the lock, the list may be
+    /// half-changed: forget it (its segments are left behind) and free the lock.
+    ///
+    /// # Safety
+    /// Only from a fork child handler (one thread in the process).
+    pub unsafe fn after_fork_child(&self) {
+        if self.list.is_locked() {
+            // SAFETY: caller contract: no thread uses the list or its lock.
+            unsafe {
+                *self.list.data_ptr() = AbandonedList {
+                    segments: List::new(),
+                    len: 0,
+                };
+                self.count.store(0, Ordering::Relaxed);
+                self.list.force_unlock();
+            }
+        }
     }
 
     /// Whether any segment may be waiting (a hint).

@@ -17,6 +17,7 @@ use crate::heap::{
 };
 use crate::init::{init_thread_heap, thread_heap_or_init};
 use crate::large::{self, Origin};
+use crate::large_cache::LocalLargeCache;
 use crate::list::List;
 use crate::os;
 use crate::page::Page;
@@ -202,7 +203,9 @@ fn alloc_slow(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
     if kind != HeapKind::Process {
         state.tick_purge();
     }
+    let was = state.begin_change();
     let page = find_page(h, state, class);
+    state.end_change(was);
     if page.is_null() {
         return out_of_memory();
     }
@@ -343,18 +346,17 @@ pub fn large_alloc(size: usize, align: usize, zero: bool) -> *mut u8 {
         let h = &*heap;
         (h, (h.kind() == HeapKind::Thread).then(|| h.state()))
     };
-    if let Some(state) = state.as_deref_mut() {
+    let was = state.as_deref_mut().map(|state| {
         state.tick_purge();
-    }
-    let mut got = large::alloc(
-        state.as_deref_mut().map(|s| &mut s.local_large),
-        size,
-        align,
-        zero,
-    );
+        state.begin_change()
+    });
+    let mut got = large::alloc(local_cache(&mut state), size, align, zero);
     if got.is_none() && large::large_usable(size).is_some() && flush_for_retry(state.as_deref_mut())
     {
-        got = large::alloc(state.map(|s| &mut s.local_large), size, align, zero);
+        got = large::alloc(local_cache(&mut state), size, align, zero);
+    }
+    if let (Some(state), Some(was)) = (state, was) {
+        state.end_change(was);
     }
     let Some((p, usable, origin)) = got else {
         return out_of_memory();
@@ -364,4 +366,9 @@ pub fn large_alloc(size: usize, align: usize, zero: bool) -> *mut u8 {
     }
     h.count_large(usable, true);
     p
+}
+
+/// The large-block cache level of `state`, if there is a state.
+fn local_cache<'a>(state: &'a mut Option<&mut HeapState>) -> Option<&'a mut LocalLargeCache> {
+    state.as_deref_mut().map(|s| &mut s.local_large)
 }

@@ -52,6 +52,21 @@ impl SegmentCache {
     }
 }
 
+/// Fork child: if a vanished thread held the segment cache's lock, forget
+/// the cache (its segments are left behind) and free the lock.
+///
+/// # Safety
+/// Only from the fork child handler (one thread in the process).
+pub unsafe fn after_fork_child() {
+    if CACHE.is_locked() {
+        // SAFETY: caller contract: no thread uses the cache or its lock.
+        unsafe {
+            (*CACHE.data_ptr()).len = 0;
+            CACHE.force_unlock();
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Mapping, counted and capped
 // ---------------------------------------------------------------------------

@@ -20,9 +20,11 @@ pub fn collect() {
     unsafe {
         if (*heap).kind() == HeapKind::Thread {
             let state = (*heap).state();
+            let was = state.begin_change();
             while ABANDONED.maybe_nonempty() && handover::adopt(heap, state) {}
             sweep(state);
             state.purge_owned(os::now_ms(), PurgePolicy::current(), true);
+            state.end_change(was);
         }
     }
     {
@@ -41,9 +43,11 @@ pub fn collect_thread() {
     unsafe {
         if (*heap).kind() == HeapKind::Thread {
             let state = (*heap).state();
+            let was = state.begin_change();
             sweep(state);
             let now = os::now_ms();
             state.purge_owned(now, PurgePolicy::current(), false);
+            state.end_change(was);
             purge::purge_shared(now, false);
         }
     }

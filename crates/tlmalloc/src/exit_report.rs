@@ -39,6 +39,16 @@ static STDERR_SEEN: AtomicBool = AtomicBool::new(false);
 static SAVED_DEV: AtomicUsize = AtomicUsize::new(0);
 static SAVED_INO: AtomicUsize = AtomicUsize::new(0);
 
+/// Fork child: a vanished thread may have held the report buffer's lock
+/// (it only holds statistics being read): free it.
+///
+/// # Safety
+/// Only from the fork child handler (one thread in the process).
+pub unsafe fn after_fork_child() {
+    // SAFETY: caller contract.
+    unsafe { REPORT_STATS.force_unlock() };
+}
+
 /// Decide whether this process reports at exit; if so, save standard error
 /// and register [`run`]. Idempotent.
 pub fn prepare() {

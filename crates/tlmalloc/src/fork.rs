@@ -1,82 +1,97 @@
-//! Fork safety: every lock is held across `fork`, so the child finds each
-//! structure in a consistent state and may allocate at once.
+//! Fork: no allocator lock is held across `fork`, so `fork` never waits for
+//! a thread inside `malloc` (which may itself wait for a lock libc's `fork`
+//! holds, such as the stdio list lock), and a `fork` from a signal handler
+//! that interrupted the allocator on any thread goes through. The child
+//! repairs instead, in [`child`], before `fork` returns there.
 //!
-//! Lock order (outermost first), followed here and wherever locks nest:
+//! The protocol `[fork]`:
+//! - **Locks.** Each lock is held only around a short change of one
+//!   structure. In the child, a lock still held belongs to a thread that
+//!   does not exist there (or to the forking thread's own interrupted
+//!   frame): the structure behind it may be half-changed, so it is started
+//!   afresh in a safe state — what it held is left behind, never reused —
+//!   and the lock is freed. Process heap → reset; abandoned list → emptied;
+//!   heap pool → emptied; segment cache → emptied; registry → a new
+//!   generation; a user heap's large-block list → poisoned (never walked
+//!   again); the statistics buffers → unlocked; a half-done process set-up
+//!   → redone.
+//! - **Heaps.** A heap's owner marks the spans of its slow paths that
+//!   change queues, lists or caches (`[heap-busy]`); the fast paths change
+//!   only a page's free lists and count, in an order that leaves a page
+//!   consistent or, at worst, with one block lost or one block too many
+//!   counted (a leak, never a block handed out twice). In the child, the
+//!   other threads' heaps leave the registry; each one that was not busy is
+//!   handed over like an exited thread's (`handover::abandon_heap`: its
+//!   segments are adopted by the child's threads later) and returns to
+//!   the heap pool; a busy one is left behind. If the forking thread's own
+//!   heap was busy (a signal handler's `fork` interrupted its slow path),
+//!   the thread starts a new heap in the child and the old one is left
+//!   behind the same way.
+//!
+//! What it costs: nothing on the fast paths (the busy flag is written only
+//! around slow-path changes); a fork child spends the time to hand over
+//! the parent's other heaps.
+//!
+//! Lock order (outermost first), where locks nest at all:
 //! 1. `heap::PROCESS_HEAP` (dead threads' allocations): the one lock that
-//!    nests another — its slow path takes `arena::CACHE` when it needs or
-//!    frees a segment
+//!    nests another — its slow path takes `arena::CACHE` for a segment
 //! 2. `abandoned::ABANDONED` (push or pop one segment; nests nothing)
 //! 3. `heap_pool::POOL` (nests nothing; it may call `mmap`)
 //! 4. `arena::CACHE` (nests nothing)
 //! 5. `registry::HEAPS` (the registry of live heaps; nests nothing)
-//! 6. each `tlmalloc::Heap`'s large-block lock (nests nothing), taken by
-//!    walking the registry while `HEAPS` is held
-//!
-//! The child also drops the parent's other threads' heaps from the
-//! registry: those threads do not exist in the child.
-//!
-//! A thread in the middle of a lock-free operation is not a problem: the
-//! child has only the forking thread, and a half-finished CAS push by a
-//! vanished thread either happened or did not.
+//! 6. each `tlmalloc::Heap`'s large-block lock (nests nothing)
 
 use crate::abandoned::ABANDONED;
-use crate::arena::CACHE;
-use crate::heap::PROCESS_HEAP;
-use crate::heap_pool::POOL;
+use crate::arena;
+use crate::exit_report;
+use crate::handover;
+use crate::heap::{self, set_thread_heap, thread_heap, HeapKind, EMPTY_HEAP};
+use crate::heap_pool;
 use crate::options;
-use crate::os;
-use crate::registry::{self, HEAPS};
+use crate::registry;
+use crate::stats;
 
-/// Install the handlers (once per process, from its first heap's set-up).
-pub fn register() {
-    os::register_fork_handlers(prepare, parent, child);
-}
-
-/// Before `fork`: take every lock, in order.
+/// After `fork`, in the child: repair what vanished threads left
+/// half-changed and hand their heaps over (`[fork]`). The handler `fork`
+/// calls is `init.rs`'s, which also redoes a half-done process set-up.
 ///
 /// # Safety
-/// Called by `fork` only (`pthread_atfork`), on the forking thread, and
-/// followed by [`parent`] or [`child`] on the same thread.
-unsafe extern "C" fn prepare() {
-    PROCESS_HEAP.acquire();
-    ABANDONED.lock_ref().acquire();
-    POOL.acquire();
-    CACHE.acquire();
-    HEAPS.acquire();
-    // SAFETY: `HEAPS` is held.
-    unsafe { registry::fork_lock_user_heaps(true) };
-}
-
-/// After `fork`, in the parent: release what [`prepare`] took.
-///
-/// # Safety
-/// Called by `fork` only, after [`prepare`] on this thread.
-unsafe extern "C" fn parent() {
-    // SAFETY: `prepare` took each lock on this thread, guard-less.
-    unsafe {
-        registry::fork_lock_user_heaps(false);
-        HEAPS.release();
-        CACHE.release();
-        POOL.release();
-        ABANDONED.lock_ref().release();
-        PROCESS_HEAP.release();
-    }
-}
-
-/// After `fork`, in the child: free every lock (their holders other than
-/// this thread do not exist here) and forget the other threads' heaps.
-///
-/// # Safety
-/// Called by `fork` only, in the child, after [`prepare`] in the parent.
-unsafe extern "C" fn child() {
+/// Only in a fork child, where the calling thread is the only one.
+pub unsafe fn repair_child() {
     options::after_fork_child();
-    // SAFETY: the child has one thread, this one, which took every lock in `prepare`.
+    // SAFETY: one thread in the process (caller contract).
     unsafe {
-        registry::fork_child_prune();
-        HEAPS.force_unlock();
-        CACHE.force_unlock();
-        POOL.force_unlock();
-        ABANDONED.lock_ref().force_unlock();
-        PROCESS_HEAP.force_unlock();
+        heap::process_heap_after_fork_child();
+        ABANDONED.after_fork_child();
+        heap_pool::after_fork_child();
+        arena::after_fork_child();
+        exit_report::after_fork_child();
+        stats::after_fork_child();
     }
+    let me = thread_heap();
+    // SAFETY: `[tls-heap]`; one thread runs, so reading its heap's busy
+    // flag races with nothing.
+    let keep = unsafe {
+        match (*me).kind() {
+            HeapKind::Thread if (*me).was_busy() => {
+                // A signal handler's fork interrupted this thread's own slow
+                // path: its heap may be half-changed. Start a new one.
+                set_thread_heap(&EMPTY_HEAP);
+                core::ptr::null_mut()
+            }
+            HeapKind::Thread => me,
+            _ => core::ptr::null_mut(),
+        }
+    };
+    // SAFETY: one thread runs; `keep` is null or this thread's live heap.
+    unsafe {
+        registry::after_fork_child(keep, |orphan| {
+            // SAFETY: the orphan's thread does not exist here; not busy, so
+            // its state is whole (`[heap-busy]`).
+            if !(*orphan).was_busy() {
+                handover::abandon_heap((*orphan).state());
+                heap_pool::heap_free(orphan);
+            }
+        })
+    };
 }

@@ -70,8 +70,10 @@ unsafe fn page_emptied(heap: &ThreadHeap, page: *mut Page) {
     // SAFETY: `[heap-owner]`: the caller is the heap's owner.
     let state = unsafe { heap.state() };
     state.tick_purge();
+    let was = state.begin_change();
     // SAFETY: caller contract.
     unsafe { state.release_page(page) };
+    state.end_change(was);
 }
 
 /// A free whose owner is not the calling thread: a remote free, a large
@@ -133,10 +135,12 @@ pub unsafe fn large_free(segment: *mut Segment) {
         if heap.kind() == HeapKind::Thread {
             let state = heap.state();
             state.tick_purge();
+            let was = state.begin_change();
             // Unstamped (0): the next purge pass stamps it with its own
             // clock, so an idle thread's stale clock cannot age the block,
             // and a free costs no clock read.
             large::recycle(Some(&mut state.local_large), segment, 0);
+            state.end_change(was);
         } else {
             // No heap of its own to tick: run the process-wide pass if due.
             let now = os::now_ms();
@@ -157,7 +161,9 @@ pub unsafe fn unlink_user_large(segment: *mut Segment) {
     unsafe {
         let heap = (*segment).owner() as *const ThreadHeap;
         let mut list = (*heap).owned_large().lock();
-        list.remove(segment);
+        if !list.poisoned {
+            list.blocks.remove(segment);
+        }
         (*segment).set_owner(0);
     }
 }

@@ -32,14 +32,17 @@ pub fn thread_exit(value: *mut c_void) {
         }
         // From here on this thread's allocations go to the process heap.
         set_thread_heap(&DEAD_HEAP);
-        abandon_heap((*heap).state());
+        let state = (*heap).state();
+        // Busy until the heap is pooled (a pooled heap is rewritten whole).
+        state.begin_change();
+        abandon_heap(state);
         registry::remove(heap);
         heap_pool::heap_free(heap);
     }
 }
 
 /// Release every empty page and segment of a heap's state; abandon the rest.
-fn abandon_heap(state: &mut HeapState) {
+pub fn abandon_heap(state: &mut HeapState) {
     let max = options::get(Opt::LargeCacheMax);
     state.local_large.retain(|segment| {
         // SAFETY: `[cache-ownership]`: evicted from the local level, ours to

@@ -29,6 +29,7 @@ use crate::page::Page;
 use crate::purge::{self, PurgeClock, PurgePolicy};
 use crate::segment::{Segment, SegmentKind};
 use crate::size_class::{class_size, CLASS_COUNT};
+use crate::sync::{fence, Ordering};
 
 /// What a heap is, which decides what its slow path does.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -91,6 +92,11 @@ pub struct HeapState {
     pub local_large: LocalLargeCache,
     /// When this heap next purges.
     pub purge: PurgeClock,
+    /// `[heap-busy]`: the owner is changing queues, lists or caches (a
+    /// slow path is running). Written only around those changes, never on
+    /// the fast paths; read by a fork child, which leaves a busy heap alone
+    /// (its owner may have vanished mid-change).
+    busy: bool,
 }
 
 /// A heap: the pages and segments one thread allocates from.
@@ -114,9 +120,22 @@ pub struct ThreadHeap {
     registry: UnsafeCell<Links<ThreadHeap>>,
     /// Link in the heap pool's free list (heap pool lock, while pooled).
     pool_next: UnsafeCell<*mut ThreadHeap>,
+    /// The registry generation the heap was registered in (registry lock):
+    /// a fork child that finds the registry half-changed starts a new one.
+    registry_generation: UnsafeCell<usize>,
     /// User heaps: their large blocks, which any thread may free (so the
     /// list has a lock; it nests nothing). Linked through `Segment::links`.
-    owned_large: SpinLock<List<Segment>>,
+    owned_large: SpinLock<LargeList>,
+}
+
+/// A user heap's large blocks.
+pub struct LargeList {
+    /// The blocks, linked through `Segment::links`.
+    pub blocks: List<Segment>,
+    /// A fork child found the list's lock held by a vanished thread, so the
+    /// links may be half-changed: the list is no longer walked or changed
+    /// (its blocks are freed one by one, and destroying the heap leaks them).
+    pub poisoned: bool,
 }
 
 // SAFETY: `[heap-owner]`: the owner-only state is reached by one thread at
@@ -153,12 +172,17 @@ impl ThreadHeap {
                 segments: [const { List::new() }; LIST_COUNT],
                 local_large: LocalLargeCache::new(),
                 purge: PurgeClock::new(),
+                busy: false,
             }),
             kind,
             counters: HeapCounters::new(),
             registry: UnsafeCell::new(Links::new()),
             pool_next: UnsafeCell::new(ptr::null_mut()),
-            owned_large: SpinLock::new(List::new()),
+            registry_generation: UnsafeCell::new(0),
+            owned_large: SpinLock::new(LargeList {
+                blocks: List::new(),
+                poisoned: false,
+            }),
         }
     }
 
@@ -211,8 +235,24 @@ impl ThreadHeap {
     }
 
     /// A user heap's list of large blocks and its lock.
-    pub(crate) fn owned_large(&self) -> &SpinLock<List<Segment>> {
+    pub(crate) fn owned_large(&self) -> &SpinLock<LargeList> {
         &self.owned_large
+    }
+
+    /// The registry generation the heap is registered in (registry lock held).
+    pub(crate) fn registry_generation(&self) -> *mut usize {
+        self.registry_generation.get()
+    }
+
+    /// Whether the owner was changing the heap's structure when this was
+    /// read (`[heap-busy]`; for a fork child, where the owner is gone).
+    ///
+    /// # Safety
+    /// No thread is using the heap now (a fork child's view of another
+    /// thread's heap, or the caller's own).
+    pub(crate) unsafe fn was_busy(&self) -> bool {
+        // SAFETY: caller contract: nothing changes the state meanwhile.
+        unsafe { (*self.state.get()).busy }
     }
 
     /// Count a large block allocated (`alloc`) or freed, of `bytes` usable
@@ -259,6 +299,22 @@ pub static PROCESS_HEAP: SpinLock<ThreadHeap> = SpinLock::new(ThreadHeap::new(He
 
 os::define_thread_slot!(EMPTY_HEAP);
 
+/// Fork child: if a vanished thread held the process heap's lock, its
+/// state may be half-changed: start it afresh (what it held is left
+/// behind) and free the lock.
+///
+/// # Safety
+/// Only from the fork child handler (one thread in the process).
+pub unsafe fn process_heap_after_fork_child() {
+    if PROCESS_HEAP.is_locked() {
+        // SAFETY: caller contract: no thread uses the heap or its lock.
+        unsafe {
+            ThreadHeap::init(PROCESS_HEAP.data_ptr(), HeapKind::Process);
+            PROCESS_HEAP.force_unlock();
+        }
+    }
+}
+
 /// The calling thread's heap. Invariant `[tls-heap]`: always a valid heap —
 /// [`EMPTY_HEAP`], [`DEAD_HEAP`], or the live thread heap this thread owns.
 #[inline(always)]
@@ -293,6 +349,26 @@ pub fn thread_large_cache() -> (usize, usize) {
 // ---------------------------------------------------------------------------
 
 impl HeapState {
+    /// Mark the start of a change to queues, lists or caches (`[heap-busy]`);
+    /// returns what to pass to [`HeapState::end_change`]. Nests.
+    #[inline]
+    pub fn begin_change(&mut self) -> bool {
+        let was = self.busy;
+        self.busy = true;
+        // Release: the flag is written before any change that follows (a
+        // fork's snapshot of this thread's memory sees the flag first).
+        fence(Ordering::Release);
+        was
+    }
+
+    /// Mark the end of a change begun with [`HeapState::begin_change`].
+    #[inline]
+    pub fn end_change(&mut self, was: bool) {
+        // Release: every change is written before the flag clears.
+        fence(Ordering::Release);
+        self.busy = was;
+    }
+
     /// Keep `current` and `direct` equal to the queue's first page
     /// (`[direct-current]`), moving the pin from the old current page to
     /// the new one.
@@ -519,7 +595,9 @@ impl HeapState {
     #[inline]
     pub fn tick_purge(&mut self) {
         if let Some((now, policy)) = self.purge.tick() {
+            let was = self.begin_change();
             self.purge_owned(now, policy, false);
+            self.end_change(was);
             purge::purge_shared(now, false);
         }
     }

@@ -31,6 +31,25 @@ pub(crate) static POOL: SpinLock<HeapPool> = SpinLock::new(HeapPool {
     end: 0,
 });
 
+/// Fork child: if a vanished thread held the pool's lock, start the pool
+/// afresh (its free heaps and chunk tail are left behind) and free the lock.
+///
+/// # Safety
+/// Only from the fork child handler (one thread in the process).
+pub unsafe fn after_fork_child() {
+    if POOL.is_locked() {
+        // SAFETY: caller contract: no thread uses the pool or its lock.
+        unsafe {
+            *POOL.data_ptr() = HeapPool {
+                free: ptr::null_mut(),
+                cursor: 0,
+                end: 0,
+            };
+            POOL.force_unlock();
+        }
+    }
+}
+
 /// Uninitialised, suitably aligned memory for one heap, or null.
 pub fn heap_alloc() -> *mut ThreadHeap {
     let mut pool = POOL.lock();

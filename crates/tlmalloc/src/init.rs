@@ -18,6 +18,19 @@ use crate::sync::{AtomicUsize, Ordering};
 /// Process-wide setup state: 0 not started, 1 running, 2 done.
 static PROCESS_INIT: AtomicUsize = AtomicUsize::new(0);
 
+/// The handler `fork` runs in the child (registered at process set-up):
+/// the repairs of `fork.rs`, and if a vanished thread was in the middle of
+/// the process set-up, let the child run it again (its steps are
+/// idempotent or harmless to repeat) rather than wait for a thread that is gone.
+///
+/// # Safety
+/// Called by `fork` only, in the child, where this is the only thread.
+unsafe extern "C" fn fork_child() {
+    // SAFETY: caller contract.
+    unsafe { fork::repair_child() };
+    let _ = PROCESS_INIT.compare_exchange(1, 0, Ordering::Relaxed, Ordering::Relaxed);
+}
+
 /// Give the calling thread a heap of its own (null when out of memory).
 #[cold]
 #[inline(never)]
@@ -63,7 +76,7 @@ pub fn ensure_process_init() {
             options::init_process();
             exit_report::prepare();
             os::register_thread_exit(handover::thread_exit);
-            fork::register();
+            os::register_fork_child(fork_child);
             os::set_errno(saved_errno);
             PROCESS_INIT.store(2, Ordering::Release);
         }

@@ -104,6 +104,12 @@ impl<T> SpinLock<T> {
         self.locked.store(false, Ordering::Release);
     }
 
+    /// Whether some thread holds the lock now (a hint, exact in a fork
+    /// child, where no other thread runs).
+    pub fn is_locked(&self) -> bool {
+        self.locked.load(Ordering::Relaxed)
+    }
+
     /// Make the lock free whatever state it was in: only for a fork child,
     /// where the thread that held it does not exist.
     ///

@@ -5,19 +5,22 @@
 use core::ptr;
 
 use crate::counters::HeapCounters;
-use crate::heap::{thread_heap, HeapKind, ThreadHeap, PROCESS_HEAP};
+use crate::heap::{HeapKind, ThreadHeap, PROCESS_HEAP};
 use crate::list::List;
 use crate::lock::SpinLock;
 
 /// Every live thread heap and user heap, linked through their registry links.
 ///
 /// Invariant `[registry]`: every heap on `heaps` is live (a heap leaves
-/// before it is destroyed or pooled, under the lock); `threads` and `users`
-/// count its heaps of each kind.
+/// before it is destroyed or pooled, under the lock) and carries the
+/// registry's `generation`; `threads` and `users` count its heaps of each
+/// kind. A heap of an older generation (registered before a fork child
+/// started the registry afresh) is on no list.
 pub(crate) struct Registry {
     heaps: List<ThreadHeap>,
     threads: usize,
     users: usize,
+    generation: usize,
 }
 
 // SAFETY: the registry is only reached through its lock.
@@ -28,6 +31,7 @@ pub(crate) static HEAPS: SpinLock<Registry> = SpinLock::new(Registry {
     heaps: List::new(),
     threads: 0,
     users: 0,
+    generation: 0,
 });
 
 impl Registry {
@@ -56,6 +60,19 @@ impl Registry {
             self.count((*heap).kind(), false);
         }
     }
+
+    /// Link `heap` in the current generation.
+    ///
+    /// # Safety
+    /// `heap` is live and on no registry list; the caller holds the lock.
+    unsafe fn link(&mut self, heap: *mut ThreadHeap) {
+        // SAFETY: caller contract.
+        unsafe {
+            *(*heap).registry_generation() = self.generation;
+            self.heaps.push_front(heap);
+            self.count((*heap).kind(), true);
+        }
+    }
 }
 
 /// Register a new live heap.
@@ -65,10 +82,7 @@ impl Registry {
 pub(crate) unsafe fn add(heap: *mut ThreadHeap) {
     let mut r = HEAPS.lock();
     // SAFETY: caller contract; the lock makes the links ours.
-    unsafe {
-        r.heaps.push_front(heap);
-        r.count((*heap).kind(), true);
-    }
+    unsafe { r.link(heap) };
 }
 
 /// Take `heap` out of the registry, folding its counters into the retired
@@ -78,8 +92,15 @@ pub(crate) unsafe fn add(heap: *mut ThreadHeap) {
 /// `heap` is registered and nobody will allocate from it again.
 pub(crate) unsafe fn remove(heap: *mut ThreadHeap) {
     let mut r = HEAPS.lock();
-    // SAFETY: caller contract; the lock is held.
-    unsafe { r.unlink(heap) };
+    // SAFETY: caller contract; the lock is held. A heap of an older
+    // generation is on no list: only its counts are folded in.
+    unsafe {
+        if *(*heap).registry_generation() == r.generation {
+            r.unlink(heap);
+        } else {
+            (*heap).counters.retire();
+        }
+    }
 }
 
 /// Call `visit(None)` (read the retired totals now) and then
@@ -108,49 +129,54 @@ pub(crate) fn for_each_heap_counters(
     alive
 }
 
-/// Fork `prepare`, with `HEAPS` held: take (`lock`) or release every user
-/// heap's large-block lock (any thread may be freeing a large block of one).
+/// Fork child: make the registry usable again and hand every heap of the
+/// parent's other threads to `orphan`, off the registry. If a vanished
+/// thread held the registry's lock, its links may be half-changed: the
+/// registry starts afresh (a new generation, holding only `me`, the
+/// forking thread's heap, if it is one) and the other heaps are simply
+/// forgotten. A user heap whose large-block lock a vanished thread held
+/// gets its list poisoned (never walked again) and the lock freed.
 ///
 /// # Safety
-/// The caller holds `HEAPS` (taken with `acquire`); releasing only locks
-/// this thread took with `lock = true`.
-pub(crate) unsafe fn fork_lock_user_heaps(lock: bool) {
-    // SAFETY: caller contract: the registry is stable while `HEAPS` is held.
-    let mut heap = unsafe { (*HEAPS.data_ptr()).heaps.first() };
-    while !heap.is_null() {
-        // SAFETY: `[registry]`: registered heaps are live.
-        unsafe {
-            if (*heap).kind() == HeapKind::User {
-                if lock {
-                    (*heap).owned_large().acquire();
-                } else {
-                    (*heap).owned_large().release();
-                }
-            }
-            heap = List::next(heap);
-        }
-    }
-}
-
-/// Fork child, with every lock still held by this (the only) thread: free
-/// the user heaps' large-block locks, and drop the heaps of the parent's
-/// other threads from the registry (they will never run again; their
-/// counts move to the retired totals).
-///
-/// # Safety
-/// Only from the fork child handler, before `HEAPS` is unlocked.
-pub(crate) unsafe fn fork_child_prune() {
-    let me = thread_heap();
-    // SAFETY: the child has one thread, which holds `HEAPS`.
+/// Only from the fork child handler (one thread in the process), with `me`
+/// null or this thread's live heap.
+pub(crate) unsafe fn after_fork_child(
+    me: *mut ThreadHeap,
+    mut orphan: impl FnMut(*mut ThreadHeap),
+) {
+    // SAFETY: the child has one thread: nothing else uses the registry.
     let r = unsafe { &mut *HEAPS.data_ptr() };
+    if HEAPS.is_locked() {
+        r.heaps = List::new();
+        r.threads = 0;
+        r.users = 0;
+        r.generation = r.generation.wrapping_add(1);
+        // SAFETY: as above; `me` is live and now on no list.
+        unsafe {
+            HEAPS.force_unlock();
+            if !me.is_null() {
+                r.link(me);
+            }
+        }
+        return;
+    }
     let mut heap = r.heaps.first();
     while !heap.is_null() {
-        // SAFETY: `[registry]`: registered heaps are live; the lock is ours.
+        // SAFETY: `[registry]`: registered heaps are live; one thread runs.
         unsafe {
             let next = List::next(heap);
             match (*heap).kind() {
-                HeapKind::User => (*heap).owned_large().force_unlock(),
-                HeapKind::Thread if !ptr::eq(heap, me) => r.unlink(heap),
+                HeapKind::User => {
+                    let lock = (*heap).owned_large();
+                    if lock.is_locked() {
+                        (*lock.data_ptr()).poisoned = true;
+                        lock.force_unlock();
+                    }
+                }
+                HeapKind::Thread if !ptr::eq(heap, me) => {
+                    r.unlink(heap);
+                    orphan(heap);
+                }
                 _ => {}
             }
             heap = next;

@@ -15,6 +15,7 @@ use core::fmt;
 pub use crate::counters::{os_stats, OsStats};
 use crate::counters::{HeapCounters, RETIRED};
 use crate::large_cache::SHARED;
+use crate::lock::SpinLock;
 use crate::registry;
 use crate::size_class::{class_size, CLASS_COUNT};
 use crate::sync::stat::{AtomicUsize, Ordering};
@@ -172,6 +173,31 @@ pub fn stats() -> Stats {
     let mut s = Stats::ZERO;
     stats_into(&mut s);
     s
+}
+
+/// Where [`stats_prefix_into`] reads the statistics (kept off the stack).
+static PREFIX_BUFFER: SpinLock<Stats> = SpinLock::new(Stats::ZERO);
+
+/// Write the first `bytes` bytes of the statistics to `out`: for a caller
+/// compiled against an older, shorter layout of `Stats` (C's `tl_stats_t`).
+///
+/// # Safety
+/// `out` is writable for `bytes` bytes, and `bytes <= size_of::<Stats>()`.
+pub unsafe fn stats_prefix_into(out: *mut u8, bytes: usize) {
+    let mut stats = PREFIX_BUFFER.lock();
+    stats_into(&mut stats);
+    // SAFETY: caller contract; `stats` is `size_of::<Stats>() >= bytes` long.
+    unsafe { core::ptr::copy_nonoverlapping((&*stats as *const Stats).cast::<u8>(), out, bytes) };
+}
+
+/// Fork child: free the prefix buffer's lock (a vanished thread may have
+/// held it; it only holds statistics being read).
+///
+/// # Safety
+/// Only from the fork child handler (one thread in the process).
+pub unsafe fn after_fork_child() {
+    // SAFETY: caller contract.
+    unsafe { PREFIX_BUFFER.force_unlock() };
 }
 
 /// Per-heap sums the merged view adds up (a few words: the per-class sums

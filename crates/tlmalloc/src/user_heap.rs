@@ -242,7 +242,9 @@ unsafe fn user_heap_alloc(heap: *mut ThreadHeap, size: usize, align: usize, zero
     // lock orders its links against frees from other threads.
     unsafe {
         let mut list = (*heap).owned_large().lock();
-        list.push_front(segment);
+        if !list.poisoned {
+            list.blocks.push_front(segment);
+        }
         (*segment).set_owner(heap as usize);
     }
     p
@@ -289,11 +291,7 @@ unsafe fn user_heap_collect(heap: *mut ThreadHeap) {
 unsafe fn user_heap_destroy(heap: *mut ThreadHeap) {
     // SAFETY: caller contract: the heap and everything it owns are ours.
     let (h, state) = unsafe { (&*heap, (*heap).state()) };
-    loop {
-        // SAFETY: the list's lock is held for the pop.
-        let Some(segment) = (unsafe { h.owned_large().lock().pop_front() }) else {
-            break;
-        };
+    while let Some(segment) = pop_large(h) {
         // SAFETY: a live large block of this heap, off its list now.
         unsafe {
             h.counters.large_frees.bump();
@@ -332,6 +330,17 @@ unsafe fn user_heap_destroy(heap: *mut ThreadHeap) {
         registry::remove(heap);
         heap_pool::heap_free(heap);
     }
+}
+
+/// Take one large block off a user heap's list (none once the list is
+/// poisoned: a fork child found it half-changed, and its blocks are left).
+fn pop_large(heap: &ThreadHeap) -> Option<*mut Segment> {
+    let mut list = heap.owned_large().lock();
+    if list.poisoned {
+        return None;
+    }
+    // SAFETY: the list's lock is held; its segments are live.
+    unsafe { list.blocks.pop_front() }
 }
 
 /// C front end: a raw user heap (see `tl_heap_new` in `include/tlmalloc.h`).

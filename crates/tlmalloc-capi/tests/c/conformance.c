@@ -318,6 +318,10 @@ static void test_posix_memalign(void) {
     CHECK(posix_memalign(&out, 64, v_size_max) == ENOMEM);
     CHECK(posix_memalign(&out, 4096, v_huge) == ENOMEM);
     CHECK(posix_memalign(&out, 1 << 22, v_ptrdiff_max) == ENOMEM);
+    /* Like glibc (whose tests expect it): errno is ENOMEM after a failure. */
+    CHECK(out == (void *)0x1234 && errno == ENOMEM);
+    errno = 4321;
+    CHECK(posix_memalign(&out, 3, 64) == EINVAL); /* a bad alignment leaves errno alone */
     CHECK(out == (void *)0x1234 && errno == 4321);
 }
 

@@ -404,14 +404,12 @@ pub fn on_thread_start(value: *mut c_void) {
     }
 }
 
-/// Install fork handlers: `prepare` before `fork`, `parent`/`child` after.
-pub fn register_fork_handlers(
-    prepare: unsafe extern "C" fn(),
-    parent: unsafe extern "C" fn(),
-    child: unsafe extern "C" fn(),
-) {
-    // SAFETY: the three handlers are valid for the life of the process.
-    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+/// Install `child` to run in the child of every `fork` (before `fork`
+/// returns there); nothing runs before `fork` or in the parent.
+pub fn register_fork_child(child: unsafe extern "C" fn()) {
+    // SAFETY: the handler is valid for the life of the process; no
+    // `prepare` or `parent` handler (null is allowed).
+    unsafe { libc::pthread_atfork(None, None, Some(child)) };
 }
 
 // ---------------------------------------------------------------------------

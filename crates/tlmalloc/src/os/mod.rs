@@ -20,7 +20,7 @@
 //! | `define_thread_slot!(initial)` | expanded once, by the heap layer | defines the per-thread slot, starting as `&initial` |
 //! | `thread_slot()` / `set_thread_slot(p)` | — | this thread's slot |
 //! | `register_thread_exit(f)` | called once | `f(value)` runs when a thread that called `on_thread_start(value)` exits |
-//! | `register_fork_handlers(p, a, c)` | called once | `p` before `fork`, `a` after in the parent, `c` in the child |
+//! | `register_fork_child(c)` | called once | `c` runs in the child of every `fork`, before `fork` returns there |
 //! | `getenv(name)` | `name` NUL-terminated | the variable's value, borrowed from the environment, or `None` (always `None` in a setuid process) |
 //! | `for_each_env(f)` | — | `f` sees each `NAME=VALUE` entry of the environment, in order; nothing allocated |
 //! | `errno()` / `set_errno(v)` | — | this thread's `errno` |
