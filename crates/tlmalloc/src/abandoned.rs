@@ -106,6 +106,21 @@ impl Abandoned {
         self.count.store(list.len, Ordering::Relaxed);
     }
 
+    /// Call `f` on every abandoned segment, under the lock (the purger
+    /// purges their free pages this way). Returns how many there were.
+    pub fn for_each(&self, mut f: impl FnMut(&mut Segment)) -> usize {
+        let list = self.list.lock();
+        let mut segment = list.segments.first();
+        while !segment.is_null() {
+            // SAFETY: the lock holds the list's segments (`[abandoned]`).
+            unsafe {
+                f(&mut *segment);
+                segment = List::next(segment);
+            }
+        }
+        list.len
+    }
+
     /// Take one abandoned segment and make `new_owner` its owner (step 2), or null.
     pub fn adopt(&self, new_owner: usize) -> *mut Segment {
         let segment = {

@@ -197,15 +197,17 @@ fn alloc_slow(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
     }
     // SAFETY: `[heap-owner]`: a thread heap of this thread, a user heap
     // this thread uses now, or the process heap under its lock.
-    let (h, state) = unsafe { (&*heap, (*heap).state()) };
+    let h = unsafe { &*heap };
+    if kind != HeapKind::Process {
+        h.tick_purge();
+    }
+    let was = h.begin_change();
+    // SAFETY: `[heap-busy]`: inside a change.
+    let state = unsafe { h.state() };
     #[cfg(feature = "check")]
     crate::check::check_heap(heap as usize, state);
-    if kind != HeapKind::Process {
-        state.tick_purge();
-    }
-    let was = state.begin_change();
     let page = find_page(h, state, class);
-    state.end_change(was);
+    h.end_change(was);
     if page.is_null() {
         return out_of_memory();
     }
@@ -229,7 +231,7 @@ unsafe fn refill_from_local_frees(heap: &ThreadHeap, page: *mut Page, class: usi
         heap.counters.class_allocs[class].bump();
         if heap.kind() != HeapKind::Process {
             // Even a loop that only ever refills this way must purge.
-            heap.state().tick_purge();
+            heap.tick_purge();
         }
         block.cast()
     }
@@ -341,22 +343,22 @@ pub fn large_alloc(size: usize, align: usize, zero: bool) -> *mut u8 {
     // A thread whose first allocation is large gets its heap now, so its
     // frees have a local cache and its slow paths purge.
     let heap = thread_heap_or_init();
-    // SAFETY: `[tls-heap]`; `[heap-owner]`: a thread heap's state is ours.
-    let (h, mut state) = unsafe {
-        let h = &*heap;
-        (h, (h.kind() == HeapKind::Thread).then(|| h.state()))
-    };
-    let was = state.as_deref_mut().map(|state| {
-        state.tick_purge();
-        state.begin_change()
+    // SAFETY: `[tls-heap]`.
+    let h = unsafe { &*heap };
+    let own = h.kind() == HeapKind::Thread;
+    let was = own.then(|| {
+        h.tick_purge();
+        h.begin_change()
     });
+    // SAFETY: `[heap-busy]`: a thread heap's state, inside a change.
+    let mut state = own.then(|| unsafe { h.state() });
     let mut got = large::alloc(local_cache(&mut state), size, align, zero);
     if got.is_none() && large::large_usable(size).is_some() && flush_for_retry(state.as_deref_mut())
     {
         got = large::alloc(local_cache(&mut state), size, align, zero);
     }
-    if let (Some(state), Some(was)) = (state, was) {
-        state.end_change(was);
+    if let Some(was) = was {
+        h.end_change(was);
     }
     let Some((p, usable, origin)) = got else {
         return out_of_memory();

@@ -19,6 +19,7 @@ use crate::options::{self, Opt};
 use crate::os;
 use crate::segment::{Segment, SegmentKind};
 use crate::segment_map::{self, CHUNK_FOREIGN, CHUNK_SEGMENT};
+use crate::sync::{AtomicBool, AtomicU32, Ordering};
 
 /// Empty, mapped, standard-size segments ready for reuse. Each one's first
 /// OS page keeps its header (`cached_at_ms`, `purged`, `zeroed`) while cached.
@@ -65,6 +66,55 @@ pub unsafe fn after_fork_child() {
             CACHE.force_unlock();
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// The background purger's doorbell
+// ---------------------------------------------------------------------------
+
+/// Free memory that a purge would return appeared since the purger last
+/// looked (a page went back to its segment, a block or segment was cached).
+static PURGEABLE: AtomicBool = AtomicBool::new(false);
+/// 1 while the background purger sleeps with nothing to do (`futex_wait`).
+pub static PURGER_ASLEEP: AtomicU32 = AtomicU32::new(0);
+
+/// Record that free memory a purge would return exists, and wake the
+/// background purger if it sleeps for want of work. Cheap when nothing
+/// changed since the purger's last look: one load.
+#[inline]
+pub fn note_purgeable() {
+    if !PURGEABLE.load(Ordering::Relaxed) {
+        note_purgeable_slow();
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn note_purgeable_slow() {
+    // SeqCst pairs with the purger's: it sets `PURGER_ASLEEP` and then
+    // reads `PURGEABLE`; we set `PURGEABLE` and then read `PURGER_ASLEEP`,
+    // so one of us sees the other and the purger never sleeps on work.
+    PURGEABLE.store(true, Ordering::SeqCst);
+    if PURGER_ASLEEP.load(Ordering::SeqCst) == 1 && PURGER_ASLEEP.swap(0, Ordering::SeqCst) == 1 {
+        os::futex_wake(&PURGER_ASLEEP);
+    }
+}
+
+/// The purger's side: whether anything became purgeable since the last
+/// call (and forget it).
+pub fn take_purgeable() -> bool {
+    PURGEABLE.swap(false, Ordering::SeqCst)
+}
+
+/// Whether a purge pass would find work the doorbell rang for (a hint).
+pub fn purgeable_hint() -> bool {
+    PURGEABLE.load(Ordering::Relaxed)
+}
+
+/// The cached segments waiting in the arena (for the purger's "anything
+/// left?" question).
+pub fn cached_segments() -> usize {
+    CACHE.lock().len
 }
 
 // ---------------------------------------------------------------------------
@@ -229,6 +279,8 @@ pub unsafe fn segment_free(segment: *mut Segment) {
             let len = cache.len;
             cache.slots[len] = segment;
             cache.len += 1;
+            drop(cache);
+            note_purgeable();
             return;
         }
     }

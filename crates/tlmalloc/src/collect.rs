@@ -19,12 +19,12 @@ pub fn collect() {
     // SAFETY: `[tls-heap]`; `[heap-owner]`: a thread heap's state is ours.
     unsafe {
         if (*heap).kind() == HeapKind::Thread {
+            let was = (*heap).begin_change();
             let state = (*heap).state();
-            let was = state.begin_change();
             while ABANDONED.maybe_nonempty() && handover::adopt(heap, state) {}
             sweep(state);
             state.purge_owned(os::now_ms(), PurgePolicy::current(), true);
-            state.end_change(was);
+            (*heap).end_change(was);
         }
     }
     {
@@ -42,12 +42,12 @@ pub fn collect_thread() {
     // SAFETY: `[tls-heap]`; `[heap-owner]`.
     unsafe {
         if (*heap).kind() == HeapKind::Thread {
+            let was = (*heap).begin_change();
             let state = (*heap).state();
-            let was = state.begin_change();
             sweep(state);
             let now = os::now_ms();
             state.purge_owned(now, PurgePolicy::current(), false);
-            state.end_change(was);
+            (*heap).end_change(was);
             purge::purge_shared(now, false);
         }
     }

@@ -48,6 +48,7 @@ use crate::handover;
 use crate::heap::{self, set_thread_heap, thread_heap, HeapKind, EMPTY_HEAP};
 use crate::heap_pool;
 use crate::options;
+use crate::purger;
 use crate::registry;
 use crate::stats;
 
@@ -59,6 +60,7 @@ use crate::stats;
 /// Only in a fork child, where the calling thread is the only one.
 pub unsafe fn repair_child() {
     options::after_fork_child();
+    purger::after_fork_child();
     // SAFETY: one thread in the process (caller contract).
     unsafe {
         heap::process_heap_after_fork_child();
@@ -73,7 +75,7 @@ pub unsafe fn repair_child() {
     // flag races with nothing.
     let keep = unsafe {
         match (*me).kind() {
-            HeapKind::Thread if (*me).was_busy() => {
+            HeapKind::Thread if (*me).is_busy() => {
                 // A signal handler's fork interrupted this thread's own slow
                 // path: its heap may be half-changed. Start a new one.
                 set_thread_heap(&EMPTY_HEAP);
@@ -88,7 +90,7 @@ pub unsafe fn repair_child() {
         registry::after_fork_child(keep, |orphan| {
             // SAFETY: the orphan's thread does not exist here; not busy, so
             // its state is whole (`[heap-busy]`).
-            if !(*orphan).was_busy() {
+            if !(*orphan).is_busy() {
                 handover::abandon_heap((*orphan).state());
                 heap_pool::heap_free(orphan);
             }

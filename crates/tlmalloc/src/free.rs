@@ -9,6 +9,7 @@ use crate::large;
 use crate::os;
 use crate::page::{Block, Page};
 use crate::purge;
+use crate::purger;
 use crate::segment::{Segment, SegmentKind};
 
 /// Free `p`, a block this allocator handed out and not yet freed.
@@ -67,13 +68,13 @@ pub unsafe fn free_local(heap: &ThreadHeap, page: *mut Page, p: *mut u8) {
 #[cold]
 #[inline(never)]
 unsafe fn page_emptied(heap: &ThreadHeap, page: *mut Page) {
-    // SAFETY: `[heap-owner]`: the caller is the heap's owner.
-    let state = unsafe { heap.state() };
-    state.tick_purge();
-    let was = state.begin_change();
-    // SAFETY: caller contract.
-    unsafe { state.release_page(page) };
-    state.end_change(was);
+    heap.tick_purge();
+    let was = heap.begin_change();
+    // SAFETY: `[heap-owner]` and `[heap-busy]`: the caller is the heap's
+    // owner, inside a change; the page is its (caller contract).
+    unsafe { heap.state().release_page(page) };
+    heap.end_change(was);
+    purger::start_if_wanted();
 }
 
 /// A free whose owner is not the calling thread: a remote free, a large
@@ -133,14 +134,14 @@ pub unsafe fn large_free(segment: *mut Segment) {
             unlink_user_large(segment);
         }
         if heap.kind() == HeapKind::Thread {
-            let state = heap.state();
-            state.tick_purge();
-            let was = state.begin_change();
+            heap.tick_purge();
+            let was = heap.begin_change();
             // Unstamped (0): the next purge pass stamps it with its own
             // clock, so an idle thread's stale clock cannot age the block,
             // and a free costs no clock read.
-            large::recycle(Some(&mut state.local_large), segment, 0);
-            state.end_change(was);
+            large::recycle(Some(&mut heap.state().local_large), segment, 0);
+            heap.end_change(was);
+            purger::start_if_wanted();
         } else {
             // No heap of its own to tick: run the process-wide pass if due.
             let now = os::now_ms();

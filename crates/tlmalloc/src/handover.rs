@@ -32,10 +32,9 @@ pub fn thread_exit(value: *mut c_void) {
         }
         // From here on this thread's allocations go to the process heap.
         set_thread_heap(&DEAD_HEAP);
-        let state = (*heap).state();
         // Busy until the heap is pooled (a pooled heap is rewritten whole).
-        state.begin_change();
-        abandon_heap(state);
+        (*heap).begin_change();
+        abandon_heap((*heap).state());
         registry::remove(heap);
         heap_pool::heap_free(heap);
     }

@@ -29,7 +29,7 @@ use crate::page::Page;
 use crate::purge::{self, PurgeClock, PurgePolicy};
 use crate::segment::{Segment, SegmentKind};
 use crate::size_class::{class_size, CLASS_COUNT};
-use crate::sync::{fence, Ordering};
+use crate::sync::{compiler_fence, AtomicBool, Ordering};
 
 /// What a heap is, which decides what its slow path does.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -92,11 +92,6 @@ pub struct HeapState {
     pub local_large: LocalLargeCache,
     /// When this heap next purges.
     pub purge: PurgeClock,
-    /// `[heap-busy]`: the owner is changing queues, lists or caches (a
-    /// slow path is running). Written only around those changes, never on
-    /// the fast paths; read by a fork child, which leaves a busy heap alone
-    /// (its owner may have vanished mid-change).
-    busy: bool,
 }
 
 /// A heap: the pages and segments one thread allocates from.
@@ -108,6 +103,23 @@ pub struct HeapState {
 /// threads read `counters` (relaxed atomics), change `registry` under the
 /// registry's lock, `pool_next` under the heap pool's, and `owned_large`
 /// under its own lock; `kind` is constant.
+///
+/// Invariant `[heap-busy]`: the owner creates a `&mut HeapState` only
+/// between [`ThreadHeap::begin_change`] and [`ThreadHeap::end_change`],
+/// which set and clear `busy`; the fast paths read and write only the
+/// pages they allocate from and free to, through raw pointers, never a
+/// segment list, a queue or the large-block cache.
+///
+/// The purge handshake `[purge-handshake]` (an asymmetric Dekker): the
+/// background purger sets `purger_here`, issues `os::membarrier`, and then
+/// reads `busy`; the owner sets `busy`, a compiler fence, and then reads
+/// `purger_here`. The barrier makes one of them see the other's store: if
+/// the purger reads `busy == false`, the owner will see `purger_here` at
+/// its next `begin_change` and wait there until the purger clears it, so
+/// until then the purger may purge the heap's free pages and cached large
+/// blocks (through field projections: the owner's fast paths keep running,
+/// on other fields). The owner pays a store and a load per slow path, and
+/// nothing on the fast paths.
 #[repr(C)]
 pub struct ThreadHeap {
     /// Owner only (`[heap-owner]`). First, so `direct` is at offset 0.
@@ -120,6 +132,14 @@ pub struct ThreadHeap {
     registry: UnsafeCell<Links<ThreadHeap>>,
     /// Link in the heap pool's free list (heap pool lock, while pooled).
     pool_next: UnsafeCell<*mut ThreadHeap>,
+    /// `[heap-busy]`: the owner is in a slow path that may change queues,
+    /// segment lists or the large-block cache.
+    busy: AtomicBool,
+    /// `[purge-handshake]`: the background purger is working on this heap
+    /// (or about to): the owner waits before its next change.
+    purger_here: AtomicBool,
+    /// The purger's pass that last visited this heap (the purger's own).
+    purge_pass: UnsafeCell<usize>,
     /// The registry generation the heap was registered in (registry lock):
     /// a fork child that finds the registry half-changed starts a new one.
     registry_generation: UnsafeCell<usize>,
@@ -172,12 +192,14 @@ impl ThreadHeap {
                 segments: [const { List::new() }; LIST_COUNT],
                 local_large: LocalLargeCache::new(),
                 purge: PurgeClock::new(),
-                busy: false,
             }),
             kind,
             counters: HeapCounters::new(),
             registry: UnsafeCell::new(Links::new()),
             pool_next: UnsafeCell::new(ptr::null_mut()),
+            busy: AtomicBool::new(false),
+            purger_here: AtomicBool::new(false),
+            purge_pass: UnsafeCell::new(0),
             registry_generation: UnsafeCell::new(0),
             owned_large: SpinLock::new(LargeList {
                 blocks: List::new(),
@@ -191,11 +213,23 @@ impl ThreadHeap {
     /// and its kind. A heap is several KiB: never built on the stack.
     ///
     /// # Safety
-    /// `heap` is writable memory for a `ThreadHeap` that no thread uses.
+    /// `heap` is writable memory for a `ThreadHeap` that no thread uses but
+    /// maybe the purger (`[purge-handshake]`): zeroed memory, or a pooled heap.
     pub unsafe fn init(heap: *mut ThreadHeap, kind: HeapKind) {
-        // SAFETY: caller contract; `EMPTY_HEAP` is only ever read.
+        // `[purge-handshake]`: the purger may hold a former heap at this
+        // address (it marked it before the heap was pooled) and clear its
+        // flag at any moment: every byte but the flag's is copied, so the
+        // new owner waits for the purger like the old one would have.
+        let flag = core::mem::offset_of!(ThreadHeap, purger_here);
+        let size = core::mem::size_of::<ThreadHeap>();
+        let from = ptr::addr_of!(EMPTY_HEAP).cast::<u8>();
+        let to = heap.cast::<u8>();
+        // SAFETY: caller contract (the memory is zero or a former heap, so
+        // the flag's byte is a valid bool); `EMPTY_HEAP` is only ever read;
+        // both ranges lie inside the two heaps and skip the flag's byte.
         unsafe {
-            ptr::copy_nonoverlapping(&EMPTY_HEAP, heap, 1);
+            ptr::copy_nonoverlapping(from, to, flag);
+            ptr::copy_nonoverlapping(from.add(flag + 1), to.add(flag + 1), size - flag - 1);
             ptr::addr_of_mut!((*heap).kind).write(kind);
         }
     }
@@ -244,15 +278,76 @@ impl ThreadHeap {
         self.registry_generation.get()
     }
 
-    /// Whether the owner was changing the heap's structure when this was
-    /// read (`[heap-busy]`; for a fork child, where the owner is gone).
-    ///
-    /// # Safety
-    /// No thread is using the heap now (a fork child's view of another
-    /// thread's heap, or the caller's own).
-    pub(crate) unsafe fn was_busy(&self) -> bool {
-        // SAFETY: caller contract: nothing changes the state meanwhile.
-        unsafe { (*self.state.get()).busy }
+    /// Mark the start of a change to queues, lists or caches
+    /// (`[heap-busy]`), first waiting for the background purger if it is
+    /// working on this heap (`[purge-handshake]`); returns what to pass to
+    /// [`ThreadHeap::end_change`]. Nests. Owner only.
+    #[inline]
+    pub fn begin_change(&self) -> bool {
+        let was = self.busy.load(Ordering::Relaxed);
+        if !was {
+            self.busy.store(true, Ordering::Relaxed);
+            // `[purge-handshake]`: the purger's membarrier supplies the CPU
+            // barrier; the compiler must not move the load above the store.
+            compiler_fence(Ordering::SeqCst);
+            if self.purger_here.load(Ordering::Relaxed) {
+                self.wait_for_purger();
+            }
+        }
+        was
+    }
+
+    /// The purger is working on this heap: wait until it is done.
+    #[cold]
+    #[inline(never)]
+    fn wait_for_purger(&self) {
+        let mut round = 0u32;
+        // Acquire: pairs with the purger's release, so its changes to the
+        // segments and cache are visible here.
+        while self.purger_here.load(Ordering::Acquire) {
+            round = round.saturating_add(1);
+            crate::lock::backoff(round);
+        }
+    }
+
+    /// Mark the end of a change begun with [`ThreadHeap::begin_change`].
+    #[inline]
+    pub fn end_change(&self, was: bool) {
+        // Release: every change is published before the flag clears.
+        self.busy.store(was, Ordering::Release);
+    }
+
+    /// Whether the owner is in the middle of a change (`[heap-busy]`), for
+    /// the purger (after its barrier) and a fork child.
+    pub(crate) fn is_busy(&self) -> bool {
+        self.busy.load(Ordering::Acquire)
+    }
+
+    /// The purger's flag of this heap (`[purge-handshake]`).
+    pub(crate) fn purger_here(&self) -> &AtomicBool {
+        &self.purger_here
+    }
+
+    /// The purger's pass stamp of this heap (the purger's own field).
+    pub(crate) fn purge_pass(&self) -> *mut usize {
+        self.purge_pass.get()
+    }
+
+    /// Count one slow-path call towards the purge clock, and run this
+    /// heap's pass (and the process-wide one, if no other thread runs it)
+    /// when it is due. Owner only, outside a change.
+    #[inline]
+    pub fn tick_purge(&self) {
+        // SAFETY: `[heap-owner]`: the clock is an owner-only field, which
+        // the purger never touches.
+        let due = unsafe { (*self.state.get()).purge.tick() };
+        if let Some((now, policy)) = due {
+            let was = self.begin_change();
+            // SAFETY: `[heap-busy]`: inside a change.
+            unsafe { self.state() }.purge_owned(now, policy, false);
+            self.end_change(was);
+            purge::purge_shared(now, false);
+        }
     }
 
     /// Count a large block allocated (`alloc`) or freed, of `bytes` usable
@@ -285,7 +380,95 @@ impl ThreadHeap {
     }
 }
 
+/// [`HeapState::purge_owned`] on the two parts of a heap's state it
+/// touches, so that the background purger can borrow just those
+/// (`[purge-handshake]`) while the owner's fast paths use the others.
+pub fn purge_parts(
+    segments: &[List<Segment>; LIST_COUNT],
+    local_large: &mut LocalLargeCache,
+    now_ms: u64,
+    policy: PurgePolicy,
+    force: bool,
+) {
+    for list in [LIST_SMALL_AVAIL, LIST_MEDIUM_AVAIL] {
+        let mut segment = segments[list as usize].first();
+        while !segment.is_null() {
+            // SAFETY: `[segment-lists]`: the heap's segments are live and
+            // held by whoever may purge them (the owner, or the purger
+            // under the handshake).
+            unsafe {
+                purge::purge_dirty_pages(&mut *segment, now_ms, policy, force);
+                segment = List::next(segment);
+            }
+        }
+    }
+    purge::purge_local_cache(local_large, now_ms, policy, force);
+}
+
+impl HeapState {
+    /// Whether the heap still holds memory a later purge pass would return
+    /// (dirty free pages, cached large blocks).
+    pub fn holds_purgeable(&self) -> bool {
+        holds_purgeable_parts(&self.segments, &self.local_large)
+    }
+}
+
+/// [`HeapState::holds_purgeable`] on the parts the purger may read.
+fn holds_purgeable_parts(segments: &[List<Segment>; LIST_COUNT], local: &LocalLargeCache) -> bool {
+    if local.bytes() > 0 {
+        return true;
+    }
+    for list in segments {
+        let mut segment = list.first();
+        while !segment.is_null() {
+            // SAFETY: `[segment-lists]`: the heap's segments are live.
+            unsafe {
+                if (*segment).dirty_mask != 0 {
+                    return true;
+                }
+                segment = List::next(segment);
+            }
+        }
+    }
+    false
+}
+
+impl ThreadHeap {
+    /// [`HeapState::holds_purgeable`] for the purger (`[purge-handshake]`).
+    ///
+    /// # Safety
+    /// As [`ThreadHeap::purge_idle`].
+    pub(crate) unsafe fn holds_purgeable(&self) -> bool {
+        let state = self.state.get();
+        // SAFETY: caller contract; only these two fields are borrowed.
+        unsafe {
+            holds_purgeable_parts(
+                &*ptr::addr_of!((*state).segments),
+                &*ptr::addr_of!((*state).local_large),
+            )
+        }
+    }
+
+    /// Purge an idle heap's free pages and cached large blocks: the
+    /// background purger's side of `[purge-handshake]`.
+    ///
+    /// # Safety
+    /// The caller is the purger, set this heap's `purger_here`, issued the
+    /// barrier, then saw `busy == false`, and has not cleared the flag.
+    pub(crate) unsafe fn purge_idle(&self, now_ms: u64, policy: PurgePolicy) {
+        let state = self.state.get();
+        // SAFETY: caller contract: the owner cannot change these fields
+        // until the flag clears; only these two fields are borrowed.
+        unsafe {
+            let segments = &*ptr::addr_of!((*state).segments);
+            let local_large = &mut *ptr::addr_of_mut!((*state).local_large);
+            purge_parts(segments, local_large, now_ms, policy, false);
+        }
+    }
+}
+
 const _: () = assert!(core::mem::offset_of!(ThreadHeap, state) == 0);
+const _: () = assert!(core::mem::size_of::<AtomicBool>() == 1);
 const _: () = assert!(core::mem::offset_of!(HeapState, direct) == 0);
 
 /// Where every thread's TLS slot points before its first allocation. Never
@@ -349,26 +532,6 @@ pub fn thread_large_cache() -> (usize, usize) {
 // ---------------------------------------------------------------------------
 
 impl HeapState {
-    /// Mark the start of a change to queues, lists or caches (`[heap-busy]`);
-    /// returns what to pass to [`HeapState::end_change`]. Nests.
-    #[inline]
-    pub fn begin_change(&mut self) -> bool {
-        let was = self.busy;
-        self.busy = true;
-        // Release: the flag is written before any change that follows (a
-        // fork's snapshot of this thread's memory sees the flag first).
-        fence(Ordering::Release);
-        was
-    }
-
-    /// Mark the end of a change begun with [`HeapState::begin_change`].
-    #[inline]
-    pub fn end_change(&mut self, was: bool) {
-        // Release: every change is written before the flag clears.
-        fence(Ordering::Release);
-        self.busy = was;
-    }
-
     /// Keep `current` and `direct` equal to the queue's first page
     /// (`[direct-current]`), moving the pin from the old current page to
     /// the new one.
@@ -563,6 +726,7 @@ impl HeapState {
             let segment = Segment::of(page.cast());
             let index = (*segment).page_index(page);
             counters::record_page(1usize << (*segment).page_shift, false);
+            arena::note_purgeable();
             if (*segment).release_page(index) {
                 self.segment_remove(segment);
                 (*segment).set_owner(0);
@@ -576,29 +740,6 @@ impl HeapState {
     /// Purge what this heap holds: dirty free pages of its segments and its
     /// local large cache (`force`: everything, releasing cached blocks).
     pub fn purge_owned(&mut self, now_ms: u64, policy: PurgePolicy, force: bool) {
-        for list in [LIST_SMALL_AVAIL, LIST_MEDIUM_AVAIL] {
-            let mut segment = self.segments_first(list);
-            while !segment.is_null() {
-                // SAFETY: `[segment-lists]`: the heap's segments are live and its own.
-                unsafe {
-                    purge::purge_dirty_pages(&mut *segment, now_ms, policy, force);
-                    segment = List::next(segment);
-                }
-            }
-        }
-        purge::purge_local_cache(&mut self.local_large, now_ms, policy, force);
-    }
-
-    /// Count one slow-path call towards the purge clock, and run this
-    /// heap's pass (and the process-wide one, if no other thread runs it)
-    /// when it is due.
-    #[inline]
-    pub fn tick_purge(&mut self) {
-        if let Some((now, policy)) = self.purge.tick() {
-            let was = self.begin_change();
-            self.purge_owned(now, policy, false);
-            self.end_change(was);
-            purge::purge_shared(now, false);
-        }
+        purge_parts(&self.segments, &mut self.local_large, now_ms, policy, force);
     }
 }

@@ -414,6 +414,7 @@ pub unsafe fn recycle(local: Option<&mut LocalLargeCache>, segment: *mut Segment
         if large_cacheable(segment) {
             large_mark_cached(segment, stamp_ms);
             let max = options::get(Opt::LargeCacheMax);
+            arena::note_purgeable();
             if let Some(local) = local {
                 if local.put(segment, max / 4) {
                     return;

@@ -94,6 +94,8 @@ mod fork;
 mod handover;
 #[cfg(not(loom))]
 mod init;
+#[cfg(not(loom))]
+mod purger;
 
 // Paths.
 #[cfg(not(loom))]

@@ -12,6 +12,7 @@
 //! | `TLMALLOC_THP` | `system` | word | transparent huge pages: `system`, `always` (`MADV_HUGEPAGE` on segments and large blocks) or `never` (`MADV_NOHUGEPAGE`) |
 //! | `TLMALLOC_SHOW_STATS` | `off` | word | print the statistics summary at exit: `1`/`all` in every process, `pid:N` (or a bare `N` ≥ 2) only in process N, `0` in none |
 //! | `TLMALLOC_STATS_JSON` | (none) | path | file the statistics are written to as JSON at exit (at most 255 bytes) |
+//! | `TLMALLOC_BACKGROUND_PURGE` | `on` | bool | a background thread (started when there first is free memory to return) purges idle threads' free pages and every cache on time |
 //! | `TLMALLOC_VERBOSE` | `off` | bool | at start-up, print every option with its value and where it came from |
 //!
 //! Sizes accept a `k`, `m` or `g` suffix (powers of 1024); booleans accept
@@ -131,6 +132,14 @@ options! {
         parse: parse_path,
         show: show_path,
         doc: "file the statistics are written to as a JSON document at exit (empty: none; at most 255 bytes)",
+    },
+    BackgroundPurge {
+        env: "TLMALLOC_BACKGROUND_PURGE",
+        default: 1,
+        unit: "bool",
+        parse: parse_bool,
+        show: show_bool,
+        doc: "a background thread (started when there first is free memory to return) purges idle threads' free pages and every cache on time, so memory goes back even when no thread allocates",
     },
     Verbose {
         env: "TLMALLOC_VERBOSE",

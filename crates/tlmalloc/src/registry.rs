@@ -8,6 +8,7 @@ use crate::counters::HeapCounters;
 use crate::heap::{HeapKind, ThreadHeap, PROCESS_HEAP};
 use crate::list::List;
 use crate::lock::SpinLock;
+use crate::sync::Ordering;
 
 /// Every live thread heap and user heap, linked through their registry links.
 ///
@@ -129,6 +130,31 @@ pub(crate) fn for_each_heap_counters(
     alive
 }
 
+/// The purger's marking step (`[purge-handshake]`): under the lock, set
+/// `purger_here` on up to `out.len()` registered heaps not yet visited in
+/// pass `pass` (stamping them), and list them in `out`; returns how many.
+/// A marked heap stays live until the purger clears its flag: its owner
+/// cannot change it, exit or destroy it without passing `begin_change`.
+pub(crate) fn mark_for_purge(pass: usize, out: &mut [*mut ThreadHeap]) -> usize {
+    let r = HEAPS.lock();
+    let mut n = 0;
+    let mut heap = r.heaps.first();
+    while !heap.is_null() && n < out.len() {
+        // SAFETY: `[registry]`: registered heaps are live while the lock is
+        // held; the pass stamp is the purger's own field.
+        unsafe {
+            if *(*heap).purge_pass() != pass {
+                *(*heap).purge_pass() = pass;
+                (*heap).purger_here().store(true, Ordering::Relaxed);
+                out[n] = heap;
+                n += 1;
+            }
+            heap = List::next(heap);
+        }
+    }
+    n
+}
+
 /// Fork child: make the registry usable again and hand every heap of the
 /// parent's other threads to `orphan`, off the registry. If a vanished
 /// thread held the registry's lock, its links may be half-changed: the
@@ -146,6 +172,11 @@ pub(crate) unsafe fn after_fork_child(
 ) {
     // SAFETY: the child has one thread: nothing else uses the registry.
     let r = unsafe { &mut *HEAPS.data_ptr() };
+    // The purger thread is gone: a heap it had marked would wait forever.
+    if !me.is_null() {
+        // SAFETY: caller contract: `me` is live.
+        unsafe { (*me).purger_here().store(false, Ordering::Relaxed) };
+    }
     if HEAPS.is_locked() {
         r.heaps = List::new();
         r.threads = 0;
@@ -165,6 +196,7 @@ pub(crate) unsafe fn after_fork_child(
         // SAFETY: `[registry]`: registered heaps are live; one thread runs.
         unsafe {
             let next = List::next(heap);
+            (*heap).purger_here().store(false, Ordering::Relaxed);
             match (*heap).kind() {
                 HeapKind::User => {
                     let lock = (*heap).owned_large();

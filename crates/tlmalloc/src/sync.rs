@@ -7,10 +7,16 @@
 //! the OS layer it yields through).
 
 #[cfg(loom)]
-pub use loom::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+pub use core::sync::atomic::compiler_fence;
+#[cfg(loom)]
+pub use loom::sync::atomic::{
+    fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU8, AtomicUsize, Ordering,
+};
 
 #[cfg(not(loom))]
-pub use core::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+pub use core::sync::atomic::{
+    compiler_fence, fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU8, AtomicUsize, Ordering,
+};
 
 /// Atomics for statistics only: the process-wide and per-heap counters.
 /// No protocol depends on their values, so they are never swapped for

@@ -275,10 +275,15 @@ unsafe fn user_heap_free(heap: *mut ThreadHeap, p: *mut u8) {
 /// # Safety
 /// `heap` is a live user heap the calling thread uses now.
 unsafe fn user_heap_collect(heap: *mut ThreadHeap) {
-    // SAFETY: `[heap-owner]`: we are the heap's only user (caller contract).
-    let state = unsafe { (*heap).state() };
+    // SAFETY: caller contract: a live heap.
+    let h = unsafe { &*heap };
+    let was = h.begin_change();
+    // SAFETY: `[heap-owner]`, `[heap-busy]`: we are the heap's only user,
+    // inside a change.
+    let state = unsafe { h.state() };
     sweep(state);
     state.purge_owned(os::now_ms(), PurgePolicy::current(), true);
+    h.end_change(was);
 }
 
 /// Release every page, segment and large block of a user heap, live
@@ -289,8 +294,13 @@ unsafe fn user_heap_collect(heap: *mut ThreadHeap) {
 /// is used or freed afterwards (a thread still freeing into it races with
 /// the unmapping: that is the caller's bug).
 unsafe fn user_heap_destroy(heap: *mut ThreadHeap) {
-    // SAFETY: caller contract: the heap and everything it owns are ours.
-    let (h, state) = unsafe { (&*heap, (*heap).state()) };
+    // SAFETY: caller contract: a live heap.
+    let h = unsafe { &*heap };
+    // Busy until the heap is pooled (a pooled heap is rewritten whole).
+    h.begin_change();
+    // SAFETY: caller contract: the heap and everything it owns are ours;
+    // `[heap-busy]`: inside a change.
+    let state = unsafe { h.state() };
     while let Some(segment) = pop_large(h) {
         // SAFETY: a live large block of this heap, off its list now.
         unsafe {

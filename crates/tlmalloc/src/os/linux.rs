@@ -413,6 +413,109 @@ pub fn register_fork_child(child: unsafe extern "C" fn()) {
 }
 
 // ---------------------------------------------------------------------------
+// The background purger's primitives: a thread, sleeping, waking, and the
+// process-wide barrier that lets it exclude an idle thread cheaply
+// ---------------------------------------------------------------------------
+
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
+
+/// Register the process for [`membarrier`]; false when the kernel (or a
+/// seccomp filter) refuses it.
+pub fn membarrier_register() -> bool {
+    // SAFETY: the command takes no pointer; failure is reported, not faulted.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_membarrier,
+            MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
+            0,
+            0,
+        )
+    };
+    rc == 0
+}
+
+/// Make every running thread of the process execute a full memory barrier
+/// before this returns (so a thread that uses only compiler fences on its
+/// side of a Dekker handshake pairs with this one). Needs
+/// [`membarrier_register`] first; false if it failed.
+pub fn membarrier() -> bool {
+    // SAFETY: as above.
+    let rc = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) };
+    rc == 0
+}
+
+/// Start a detached thread named `name` (at most 15 bytes and a NUL) that
+/// runs `f(arg)` on a `stack_bytes` stack, with every signal blocked (so
+/// signals for the process go to the program's own threads). False if the
+/// thread could not be created. `pthread_create` allocates (its TLS): the
+/// caller must be ready for `malloc` to be re-entered.
+pub fn spawn_thread(
+    f: extern "C" fn(*mut c_void) -> *mut c_void,
+    arg: *mut c_void,
+    stack_bytes: usize,
+    name: &core::ffi::CStr,
+) -> bool {
+    // SAFETY: every pointer passed is valid for its call; the attribute
+    // object is initialised before use and destroyed after; the signal mask
+    // is restored to what it was.
+    unsafe {
+        let mut all: libc::sigset_t = core::mem::zeroed();
+        let mut old: libc::sigset_t = core::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let mut attr: libc::pthread_attr_t = core::mem::zeroed();
+        libc::pthread_attr_init(&mut attr);
+        libc::pthread_attr_setstacksize(&mut attr, stack_bytes);
+        libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
+        let mut thread: libc::pthread_t = 0;
+        let rc = libc::pthread_create(&mut thread, &attr, f, arg);
+        libc::pthread_attr_destroy(&mut attr);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, ptr::null_mut());
+        if rc == 0 {
+            libc::pthread_setname_np(thread, name.as_ptr());
+        }
+        rc == 0
+    }
+}
+
+/// Sleep on `word` while it holds `expected`, for at most `timeout_ms`
+/// (`None`: until woken). Returns early, spuriously or not: callers recheck.
+pub fn futex_wait(word: &crate::sync::AtomicU32, expected: u32, timeout_ms: Option<u64>) {
+    let ts = timeout_ms.map(|ms| libc::timespec {
+        tv_sec: (ms / 1000) as libc::time_t,
+        tv_nsec: ((ms % 1000) * 1_000_000) as libc::c_long,
+    });
+    let ts_ptr = ts
+        .as_ref()
+        .map_or(ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `word` is a live, aligned 32-bit atomic; `ts_ptr` is null or
+    // points to a timespec that outlives the call.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word as *const crate::sync::AtomicU32,
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            ts_ptr,
+        )
+    };
+}
+
+/// Wake the threads sleeping on `word` in [`futex_wait`].
+pub fn futex_wake(word: &crate::sync::AtomicU32) {
+    // SAFETY: `word` is a live, aligned 32-bit atomic.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word as *const crate::sync::AtomicU32,
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+        )
+    };
+}
+
+// ---------------------------------------------------------------------------
 // Reporting
 // ---------------------------------------------------------------------------
 

@@ -21,6 +21,9 @@
 //! | `thread_slot()` / `set_thread_slot(p)` | — | this thread's slot |
 //! | `register_thread_exit(f)` | called once | `f(value)` runs when a thread that called `on_thread_start(value)` exits |
 //! | `register_fork_child(c)` | called once | `c` runs in the child of every `fork`, before `fork` returns there |
+//! | `membarrier_register()` / `membarrier()` | register once | a full barrier on every running thread of the process; false if unsupported |
+//! | `spawn_thread(f, arg, stack, name)` | may re-enter `malloc` | a detached, named thread running `f(arg)` with all signals blocked; false on failure |
+//! | `futex_wait(w, v, ms)` / `futex_wake(w)` | — | sleep while `*w == v` (at most `ms`), wake the sleepers |
 //! | `getenv(name)` | `name` NUL-terminated | the variable's value, borrowed from the environment, or `None` (always `None` in a setuid process) |
 //! | `for_each_env(f)` | — | `f` sees each `NAME=VALUE` entry of the environment, in order; nothing allocated |
 //! | `errno()` / `set_errno(v)` | — | this thread's `errno` |

@@ -1,0 +1,158 @@
+//! The background purger: one thread that returns free memory on time even
+//! when the program's threads are idle or only on their fast paths (whose
+//! heaps then never reach the purge clock of `purge.rs`).
+//!
+//! It is started lazily, the first time free memory that a purge would
+//! return appears (`arena::note_purgeable`), so a program that never frees
+//! anything has no extra thread; `TLMALLOC_BACKGROUND_PURGE=0` turns it
+//! off. Every `interval` (a quarter of `TLMALLOC_PURGE_DELAY_MS`, at most
+//! 1 s) a pass:
+//! 1. runs the process-wide purge (shared large-block cache, segment cache);
+//! 2. purges the free pages of abandoned segments and of the process heap;
+//! 3. visits every registered heap with the handshake of `heap.rs`
+//!    (`[purge-handshake]`): in batches, marks the heaps, issues one
+//!    `membarrier`, and purges each one that was not in a slow path — its
+//!    dirty free pages and cached large blocks, by the same rules its
+//!    owner's clock would apply — then releases it.
+//!
+//! When a pass finds nothing left to wait for, the purger sleeps on a futex
+//! until the doorbell rings (`arena::note_purgeable`). Without `membarrier`
+//! (an old kernel, a seccomp filter) step 3 is skipped and idle heaps keep
+//! their memory until their next slow path, as without the purger.
+
+use core::ffi::c_void;
+
+use crate::abandoned::ABANDONED;
+use crate::arena::{self, PURGER_ASLEEP};
+use crate::heap::{ThreadHeap, PROCESS_HEAP};
+use crate::large_cache::SHARED;
+use crate::options::{self, Opt};
+use crate::os;
+use crate::purge::{self, PurgePolicy};
+use crate::registry;
+use crate::sync::{AtomicBool, AtomicUsize, Ordering};
+
+/// The purger thread was started (or its start was attempted) in this process.
+static STARTED: AtomicBool = AtomicBool::new(false);
+/// `os::membarrier` is registered and works: idle heaps can be visited.
+static HANDSHAKE: AtomicBool = AtomicBool::new(false);
+/// Passes run so far (each heap records the last one that visited it).
+static PASSES: AtomicUsize = AtomicUsize::new(0);
+
+/// Heaps handled per barrier.
+const BATCH: usize = 32;
+/// The purger's stack: its deepest call chain is a few KiB.
+const STACK_BYTES: usize = 128 * 1024;
+
+/// Start the purger if free memory appeared, it is wanted and not started
+/// yet. Called at the end of slow paths (outside any change and any lock:
+/// creating a thread re-enters `malloc`).
+#[inline]
+pub fn start_if_wanted() {
+    if !STARTED.load(Ordering::Relaxed) && arena::purgeable_hint() {
+        start();
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn start() {
+    if options::get(Opt::BackgroundPurge) == 0 {
+        return;
+    }
+    if STARTED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    HANDSHAKE.store(os::membarrier_register(), Ordering::Release);
+    // A failure (no threads left, a sandbox) leaves the purging to the
+    // heaps' own clocks, as without the purger.
+    os::spawn_thread(run, core::ptr::null_mut(), STACK_BYTES, c"tlmalloc-purge");
+}
+
+/// Fork child: the purger thread does not exist there; the next free
+/// memory starts a new one.
+pub fn after_fork_child() {
+    STARTED.store(false, Ordering::Relaxed);
+    PURGER_ASLEEP.store(0, Ordering::Relaxed);
+}
+
+/// The purger thread.
+extern "C" fn run(_: *mut c_void) -> *mut c_void {
+    loop {
+        // Cleared before the pass: what is freed during it rings again.
+        arena::take_purgeable();
+        let policy = PurgePolicy::current();
+        let pending = pass(os::now_ms(), policy);
+        if options::get(Opt::BackgroundPurge) == 0 || !pending {
+            sleep_until_rung();
+        } else {
+            let interval = (policy.delay_ms / 4).clamp(1, 1000);
+            os::futex_wait(&PURGER_ASLEEP, 0, Some(interval));
+        }
+    }
+}
+
+/// Sleep until free memory appears (or the purger is turned on again).
+fn sleep_until_rung() {
+    PURGER_ASLEEP.store(1, Ordering::SeqCst);
+    // `arena::note_purgeable`'s Dekker: recheck after announcing the sleep.
+    if arena::take_purgeable() {
+        PURGER_ASLEEP.store(0, Ordering::SeqCst);
+        return;
+    }
+    while PURGER_ASLEEP.load(Ordering::SeqCst) == 1 {
+        os::futex_wait(&PURGER_ASLEEP, 1, None);
+    }
+}
+
+/// One pass; returns whether anything purgeable is left to wait for.
+fn pass(now_ms: u64, policy: PurgePolicy) -> bool {
+    purge::purge_shared(now_ms, false);
+    let mut pending = SHARED.bytes() > 0 || arena::cached_segments() > 0;
+    ABANDONED.for_each(|segment| {
+        purge::purge_dirty_pages(segment, now_ms, policy, false);
+        pending |= segment.dirty_mask != 0;
+    });
+    if let Some(process) = PROCESS_HEAP.try_lock() {
+        // SAFETY: `[heap-owner]`: the lock makes us the process heap's user.
+        let state = unsafe { process.state() };
+        state.purge_owned(now_ms, policy, false);
+        pending |= state.holds_purgeable();
+    }
+    if HANDSHAKE.load(Ordering::Acquire) {
+        pending |= visit_heaps(now_ms, policy);
+    }
+    pending
+}
+
+/// Step 3: every registered heap, in batches (`[purge-handshake]`).
+fn visit_heaps(now_ms: u64, policy: PurgePolicy) -> bool {
+    let pass = PASSES.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+    let mut pending = false;
+    loop {
+        let mut batch = [core::ptr::null_mut::<ThreadHeap>(); BATCH];
+        let n = registry::mark_for_purge(pass, &mut batch);
+        if n == 0 {
+            return pending;
+        }
+        if !os::membarrier() {
+            // The barrier stopped working: give the heaps back untouched.
+            HANDSHAKE.store(false, Ordering::Release);
+        }
+        for &heap in &batch[..n] {
+            // SAFETY: marked by `mark_for_purge` and not released yet, so
+            // the heap stays live; one barrier was issued after the marks.
+            unsafe {
+                let heap = &*heap;
+                if heap.is_busy() || !HANDSHAKE.load(Ordering::Acquire) {
+                    pending = true;
+                } else {
+                    heap.purge_idle(now_ms, policy);
+                    pending |= heap.holds_purgeable();
+                }
+                // Release: our changes are visible to the owner that waits.
+                heap.purger_here().store(false, Ordering::Release);
+            }
+        }
+    }
+}
