@@ -339,3 +339,19 @@ fn fork_from_signal_handler() {
         &["10", "300", "4000"],
     );
 }
+
+/// A parent with three allocating threads forks 90 children, 30 in a row
+/// from the main thread and 30 each from two more threads at the same
+/// time; each child frees blocks of the forking thread and of the other
+/// threads, allocates every tier, reallocs 16 B -> 64 KiB -> 1 MiB ->
+/// 300 MiB -> 100 B with its contents checked, allocates on a thread of
+/// its own, and exits with exit (half) or _exit (half).
+#[test]
+fn children_allocate_across_tiers_and_exit() {
+    check(
+        "children_allocate_across_tiers_and_exit",
+        "fork_children",
+        "fork_children.c",
+        &["30"],
+    );
+}
