@@ -355,3 +355,27 @@ fn children_allocate_across_tiers_and_exit() {
         &["30"],
     );
 }
+
+/// Under RLIMIT_AS of 200 MB, on the main thread and on threads with
+/// PTHREAD_STACK_MIN stacks: every failing entry point returns NULL (or
+/// its error) with errno = ENOMEM (EINVAL for a bad alignment), realloc
+/// leaves the block, posix_memalign sets errno too; then memory can be
+/// allocated again. The C++ nothrow operators return nullptr with errno =
+/// ENOMEM and the throwing ones throw std::bad_alloc.
+#[test]
+fn errno_after_failures_under_rlimit_as() {
+    let mut failures = Vec::new();
+    for (name, source) in [
+        ("errno_enomem", "errno_enomem.c"),
+        ("errno_enomem_cpp", "errno_enomem.cpp"),
+    ] {
+        let exe = build(name, source);
+        let ended = run_bounded(&exe, &["200"]);
+        let case = format!("errno_after_failures_under_rlimit_as ({source})");
+        match failure(&case, name, &ended, &format!("{name} ok")) {
+            Some(why) => failures.push(why),
+            None => eprintln!("{}", ended.stdout.trim_end()),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
