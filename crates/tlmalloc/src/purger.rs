@@ -3,9 +3,10 @@
 //! heaps then never reach the purge clock of `purge.rs`).
 //!
 //! It is started lazily, the first time free memory that a purge would
-//! return appears (`arena::note_purgeable`), so a program that never frees
-//! anything has no extra thread; `TLMALLOC_BACKGROUND_PURGE=0` turns it
-//! off. Every `interval` (a quarter of `TLMALLOC_PURGE_DELAY_MS`, at most
+//! return appears (`arena::note_purgeable`) in a program that has started
+//! threads of its own (see [`start_if_wanted`]), so a program that never
+//! frees anything, or never starts a thread, has no extra thread;
+//! `TLMALLOC_BACKGROUND_PURGE=0` turns it off. Every `interval` (a quarter of `TLMALLOC_PURGE_DELAY_MS`, at most
 //! 1 s) a pass:
 //! 1. runs the process-wide purge (shared large-block cache, segment cache);
 //! 2. purges the free pages of abandoned segments and of the process heap;
@@ -44,12 +45,20 @@ const BATCH: usize = 32;
 /// The purger's stack: its deepest call chain is a few KiB.
 const STACK_BYTES: usize = 128 * 1024;
 
-/// Start the purger if free memory appeared, it is wanted and not started
-/// yet. Called at the end of slow paths (outside any change and any lock:
-/// creating a thread re-enters `malloc`).
+/// Start the purger if free memory appeared, the program has threads of
+/// its own, the option wants it, and it is not started yet. Called at the
+/// end of slow paths (outside any change and any lock: creating a thread
+/// re-enters `malloc`).
+///
+/// A program that never started a second thread gets no purger: making it
+/// multi-threaded would change what it may do — glibc's `fork` then takes
+/// its atfork lock, so a signal handler's `fork` that interrupts a `fork`
+/// deadlocks, and calls like `unshare(CLONE_NEWUSER)` fail. Such a
+/// program's one thread purges on its own slow paths.
 #[inline]
 pub fn start_if_wanted() {
-    if !STARTED.load(Ordering::Relaxed) && arena::purgeable_hint() {
+    if !STARTED.load(Ordering::Relaxed) && arena::purgeable_hint() && registry::threads_ever() >= 2
+    {
         start();
     }
 }

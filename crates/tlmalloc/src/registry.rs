@@ -8,7 +8,7 @@ use crate::counters::HeapCounters;
 use crate::heap::{HeapKind, ThreadHeap, PROCESS_HEAP};
 use crate::list::List;
 use crate::lock::SpinLock;
-use crate::sync::Ordering;
+use crate::sync::{AtomicUsize, Ordering};
 
 /// Every live thread heap and user heap, linked through their registry links.
 ///
@@ -76,11 +76,25 @@ impl Registry {
     }
 }
 
+/// Thread heaps ever registered in this process (a program that never
+/// started a second thread has 1 at most).
+static THREADS_EVER: AtomicUsize = AtomicUsize::new(0);
+
+/// Thread heaps ever registered in this process.
+#[inline]
+pub(crate) fn threads_ever() -> usize {
+    THREADS_EVER.load(Ordering::Relaxed)
+}
+
 /// Register a new live heap.
 ///
 /// # Safety
 /// `heap` is a live heap on no registry.
 pub(crate) unsafe fn add(heap: *mut ThreadHeap) {
+    // SAFETY: caller contract.
+    if unsafe { (*heap).kind() } == HeapKind::Thread {
+        THREADS_EVER.fetch_add(1, Ordering::Relaxed);
+    }
     let mut r = HEAPS.lock();
     // SAFETY: caller contract; the lock makes the links ours.
     unsafe { r.link(heap) };
