@@ -14,6 +14,13 @@
 //!    meanwhile.
 //! 3. The adopter collects every page, releases empty pages and, if the
 //!    whole segment is empty, the segment; the rest joins its own queues.
+//! 4. Nobody needs to adopt for the memory to come back: before `owner`
+//!    becomes 0, the exiting thread stores the segment's live blocks in
+//!    `abandoned_live`; a free that finds `owner == 0` takes one off after
+//!    pushing its block, and the one that takes the last takes the segment
+//!    off the list ([`Abandoned::take`]) and releases it whole. Frees that
+//!    land between the count and `owner = 0` are not counted, so the count
+//!    can only be too high (a segment left to adoption), never too low.
 
 use crate::list::List;
 use crate::lock::SpinLock;
@@ -98,12 +105,46 @@ impl Abandoned {
     /// unlinked it from its own lists, and at least one of its pages is in use.
     pub unsafe fn abandon(&self, segment: *mut Segment) {
         // SAFETY: the caller holds the segment; after the push the lock does.
-        unsafe { (*segment).set_owner(0) };
+        unsafe {
+            // Step 4: the count first (`set_owner` is a release store).
+            let live = (*segment).live_blocks();
+            (*segment).abandoned_live.store(live, Ordering::Relaxed);
+            (*segment).set_owner(0);
+        }
         let mut list = self.list.lock();
         // SAFETY: the segment is on no list (caller contract); the lock is held.
-        unsafe { list.segments.push_front(segment) };
+        unsafe {
+            list.segments.push_front(segment);
+            (*segment).abandoned.store(true, Ordering::Relaxed);
+        }
         list.len += 1;
         self.count.store(list.len, Ordering::Relaxed);
+    }
+
+    /// Take `segment` off the list if it is on it, and make `new_owner` its
+    /// owner (0: no heap; step 4, the last free). False when it is not on
+    /// the list (it is being abandoned right now, or a heap adopted it).
+    ///
+    /// # Safety
+    /// `segment` is a live segment (the caller frees a live block of it).
+    pub unsafe fn take(&self, segment: *mut Segment, new_owner: usize) -> bool {
+        {
+            let mut list = self.list.lock();
+            // SAFETY: caller contract; `abandoned` is read and written under the lock.
+            if !unsafe { (*segment).abandoned.load(Ordering::Relaxed) } {
+                return false;
+            }
+            // SAFETY: on the list (the flag says so); the lock is held.
+            unsafe {
+                list.segments.remove(segment);
+                (*segment).abandoned.store(false, Ordering::Relaxed);
+            }
+            list.len -= 1;
+            self.count.store(list.len, Ordering::Relaxed);
+        }
+        // SAFETY: off the list under the lock: ours alone now.
+        unsafe { (*segment).set_owner(new_owner) };
+        true
     }
 
     /// Call `f` on every abandoned segment, under the lock (the purger
@@ -129,6 +170,8 @@ impl Abandoned {
             let Some(segment) = (unsafe { list.segments.pop_front() }) else {
                 return core::ptr::null_mut();
             };
+            // SAFETY: popped under the lock: a live segment.
+            unsafe { (*segment).abandoned.store(false, Ordering::Relaxed) };
             list.len -= 1;
             self.count.store(list.len, Ordering::Relaxed);
             segment

@@ -4,6 +4,7 @@
 //! Large blocks go to the recycle cache (`large.rs`).
 
 use crate::counters::RETIRED;
+use crate::handover;
 use crate::heap::{thread_heap, HeapKind, ThreadHeap};
 use crate::large;
 use crate::os;
@@ -11,6 +12,7 @@ use crate::page::{Block, Page};
 use crate::purge;
 use crate::purger;
 use crate::segment::{Segment, SegmentKind};
+use crate::sync::Ordering;
 
 /// Free `p`, a block this allocator handed out and not yet freed.
 ///
@@ -93,8 +95,14 @@ unsafe fn free_slow(segment: *mut Segment, p: *mut u8) {
         }
         let page = Segment::page_of(segment, p);
         count_remote_free((*page).class as usize);
+        let abandoned = (*segment).owner() == 0;
         // `[thread-free]`: the block is ours until the push publishes it.
         (*page).thread_free.push(p.cast());
+        // `[abandoned]` step 4: the last block of an abandoned segment
+        // releases it (AcqRel: every earlier free's push is then visible).
+        if abandoned && (*segment).abandoned_live.fetch_sub(1, Ordering::AcqRel) == 1 {
+            handover::release_abandoned(segment);
+        }
     }
 }
 

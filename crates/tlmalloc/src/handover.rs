@@ -16,6 +16,7 @@ use crate::heap_pool;
 use crate::large;
 use crate::large_cache::SHARED;
 use crate::options::{self, Opt};
+use crate::page::Page;
 use crate::registry;
 use crate::segment::Segment;
 use crate::size_class::CLASS_COUNT;
@@ -114,13 +115,54 @@ pub fn adopt(heap: *const ThreadHeap, state: &mut HeapState) -> bool {
         if release_empty_pages(segment) {
             return true;
         }
+        queue_segment(state, segment);
+    }
+    true
+}
+
+/// The last live block of an abandoned segment was just freed (its free
+/// took `abandoned_live` to 0, `[abandoned]` step 4): take the segment off
+/// the list and release it whole, unless a heap adopted it meanwhile.
+///
+/// # Safety
+/// `segment` is a live small or medium segment whose last counted block
+/// the caller just pushed on its page's remote list.
+#[cold]
+#[inline(never)]
+pub unsafe fn release_abandoned(segment: *mut Segment) {
+    // SAFETY: caller contract.
+    if unsafe { ABANDONED.take(segment, 0) } {
+        // SAFETY: off the list, ours; every block came back, so settling
+        // releases every page and with the last one the segment.
+        let released = unsafe { release_empty_pages(segment) };
+        debug_assert!(
+            released,
+            "an abandoned segment's count reached 0 with a block live"
+        );
+    }
+}
+
+/// Put a segment just taken over on `state`'s lists, its pages in use on
+/// the queues of their classes: first those with free blocks (so they are
+/// used before any fresh page), last the full ones.
+///
+/// # Safety
+/// The heap of `state` owns `segment` now; it is on no list and none of
+/// its pages is queued.
+unsafe fn queue_segment(state: &mut HeapState, segment: *mut Segment) {
+    // SAFETY: caller contract.
+    unsafe {
         state.segment_push(segment, HeapState::list_for(&*segment));
         let mut in_use = (*segment).kind.all_pages_mask() & !(*segment).free_mask;
         while in_use != 0 {
             let index = in_use.trailing_zeros() as usize;
             in_use &= in_use - 1;
-            state.queue_push_back(&mut (*segment).pages[index]);
+            let page: *mut Page = &mut (*segment).pages[index];
+            if (*page).has_room() {
+                state.queue_push_front(page);
+            } else {
+                state.queue_push_back(page);
+            }
         }
     }
-    true
 }

@@ -291,6 +291,13 @@ impl Page {
         true
     }
 
+    /// Whether the page can hand out a block without collecting remote
+    /// frees: a free block on a list, or blocks not threaded yet.
+    #[inline]
+    pub fn has_room(&self) -> bool {
+        !self.free.is_null() || !self.local_free.is_null() || self.capacity < self.reserved
+    }
+
     /// Whether every block threaded so far is free locally.
     #[inline]
     pub fn is_unused(&self) -> bool {

@@ -16,7 +16,7 @@ use crate::counters;
 use crate::list::{Linked, Links};
 use crate::page::Page;
 use crate::size_class::natural_alignment;
-use crate::sync::{AtomicUsize, Ordering};
+use crate::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 /// What a segment is carved into.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -98,12 +98,18 @@ pub struct Segment {
     pub kind: SegmentKind,
     /// Holder: the list the segment is linked in (see `heap::SegmentList`).
     pub list: u8,
-    _pad: u16,
+    /// The segment is on the abandoned list (written and read under that
+    /// list's lock: a freeing thread that finds `owner == 0` asks it).
+    pub abandoned: AtomicBool,
+    _pad: u8,
     /// Holder: bit i set when page slot i is unused.
     pub free_mask: u64,
     /// Holder: page slots in use.
     pub used_pages: u32,
-    _pad2: u32,
+    /// While abandoned: the blocks still live (set before `owner` becomes
+    /// 0); each free into the segment with no owner takes one off, and the
+    /// free that takes the last releases the segment (`[abandoned]`).
+    pub abandoned_live: AtomicU32,
     /// Holder: links in the holder's list (a heap's segment list, a user
     /// heap's large blocks, the abandoned list).
     pub links: Links<Segment>,
@@ -189,10 +195,11 @@ impl Segment {
             addr_of_mut!((*segment).page_shift).write(kind.page_shift());
             addr_of_mut!((*segment).kind).write(kind);
             addr_of_mut!((*segment).list).write(0);
+            addr_of_mut!((*segment).abandoned).write(AtomicBool::new(false));
             addr_of_mut!((*segment)._pad).write(0);
             addr_of_mut!((*segment).free_mask).write(kind.all_pages_mask());
             addr_of_mut!((*segment).used_pages).write(0);
-            addr_of_mut!((*segment)._pad2).write(0);
+            addr_of_mut!((*segment).abandoned_live).write(AtomicU32::new(0));
             addr_of_mut!((*segment).links).write(Links::new());
             addr_of_mut!((*segment).map_base).write(map_base);
             addr_of_mut!((*segment).map_size).write(map_size);
@@ -313,6 +320,19 @@ impl Segment {
         self.free_mask |= 1u64 << index;
         self.used_pages -= 1;
         self.used_pages == 0
+    }
+
+    /// Blocks live in the pages in use (`[page-accounting]`: no page is
+    /// pinned and every remote free was collected).
+    pub fn live_blocks(&self) -> u32 {
+        let mut live = 0;
+        let mut in_use = self.kind.all_pages_mask() & !self.free_mask;
+        while in_use != 0 {
+            let index = in_use.trailing_zeros() as usize;
+            in_use &= in_use - 1;
+            live += self.pages[index].used;
+        }
+        live
     }
 
     /// Collect the remote frees of every page in use (`[page-accounting]`:

@@ -808,6 +808,10 @@ int main(int argc, char **argv) {
     REQUIRE(resolves_to_tlmalloc((void (*)(void))malloc));
     REQUIRE(resolves_to_tlmalloc((void (*)(void))free));
     REQUIRE(resolves_to_tlmalloc((void (*)(void))tl_stats));
+    /* The exact live-byte balances below would also count what the C
+     * library allocates for the background purger's thread (its TLS),
+     * which starts once the program has threads and free memory. */
+    REQUIRE(tl_option_set("background_purge", "0") == 0);
     /* stdout's buffer, and glibc's first-thread setup, before any figure
      * is measured. */
     printf("tlmalloc %s\n", tl_version());
