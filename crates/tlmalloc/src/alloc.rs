@@ -346,16 +346,13 @@ pub fn large_alloc(size: usize, align: usize, zero: bool) -> *mut u8 {
     // SAFETY: `[tls-heap]`.
     let h = unsafe { &*heap };
     let own = h.kind() == HeapKind::Thread;
-    let was = own.then(|| {
-        h.tick_purge();
-        h.begin_change()
-    });
+    // (The free of a large block ticks the purge clock: not both.)
+    let was = own.then(|| h.begin_change());
     // SAFETY: `[heap-busy]`: a thread heap's state, inside a change.
     let mut state = own.then(|| unsafe { h.state() });
     let mut got = large::alloc(local_cache(&mut state), size, align, zero);
-    if got.is_none() && large::large_usable(size).is_some() && flush_for_retry(state.as_deref_mut())
-    {
-        got = large::alloc(local_cache(&mut state), size, align, zero);
+    if got.is_none() {
+        got = large_alloc_retry(state, size, align, zero);
     }
     if let Some(was) = was {
         h.end_change(was);
@@ -368,6 +365,22 @@ pub fn large_alloc(size: usize, align: usize, zero: bool) -> *mut u8 {
     }
     h.count_large(usable, true);
     p
+}
+
+/// A large request the OS refused: when a reservation cap is set, empty the
+/// caches and try once more.
+#[cold]
+#[inline(never)]
+fn large_alloc_retry(
+    mut state: Option<&mut HeapState>,
+    size: usize,
+    align: usize,
+    zero: bool,
+) -> Option<(*mut u8, usize, Origin)> {
+    if large::large_usable(size).is_some() && flush_for_retry(state.as_deref_mut()) {
+        return large::alloc(local_cache(&mut state), size, align, zero);
+    }
+    None
 }
 
 /// The large-block cache level of `state`, if there is a state.

@@ -217,8 +217,15 @@ impl EventCounter {
     /// Count one event (owner only).
     #[inline]
     pub fn bump(&self) {
+        self.add(1);
+    }
+
+    /// Count `n` (owner only; wrapping, so a signed quantity may go
+    /// through it as two's complement).
+    #[inline]
+    pub fn add(&self, n: usize) {
         self.0.store(
-            self.0.load(Ordering::Relaxed).wrapping_add(1),
+            self.0.load(Ordering::Relaxed).wrapping_add(n),
             Ordering::Relaxed,
         );
     }
@@ -253,6 +260,11 @@ pub struct HeapCounters {
     pub remote_frees: Counter,
     /// Large blocks served from this thread's own cache level.
     pub large_local_hits: EventCounter,
+    /// Usable bytes of large blocks this heap's thread allocated minus
+    /// those it freed (either may be another thread's: only the sum over
+    /// all heaps and the retired totals is the live footprint). Kept
+    /// whatever the features: the recycle cache's bound follows it.
+    pub large_live: EventCounter,
 }
 
 impl HeapCounters {
@@ -268,6 +280,7 @@ impl HeapCounters {
             large_bytes_freed: Counter::new(),
             remote_frees: Counter::new(),
             large_local_hits: EventCounter::new(),
+            large_live: EventCounter::new(),
         }
     }
 
@@ -314,6 +327,7 @@ impl HeapCounters {
         add(&RETIRED.large_bytes_freed, self.large_bytes_freed.get());
         add(&RETIRED.remote_frees, self.remote_frees.get());
         add(&RETIRED.large_local_hits, self.large_local_hits.get());
+        add(&RETIRED.large_live, self.large_live.get());
     }
 }
 
@@ -336,6 +350,8 @@ pub struct Retired {
     pub remote_frees: AtomicUsize,
     /// Large blocks served from a thread's own cache level.
     pub large_local_hits: AtomicUsize,
+    /// Live large bytes of heaps that are gone (wrapping, signed).
+    pub large_live: AtomicUsize,
 }
 
 /// See [`Retired`].
@@ -348,6 +364,7 @@ pub static RETIRED: Retired = Retired {
     large_bytes_freed: AtomicUsize::new(0),
     remote_frees: AtomicUsize::new(0),
     large_local_hits: AtomicUsize::new(0),
+    large_live: AtomicUsize::new(0),
 };
 
 impl Retired {
@@ -365,6 +382,8 @@ impl Retired {
     /// A large block grown in place (from `old` to `new` usable bytes) by a
     /// thread without a heap.
     pub(crate) fn record_large_bytes(&self, new: usize, old: usize) {
+        self.large_live
+            .fetch_add(new.wrapping_sub(old), Ordering::Relaxed);
         if !cfg!(feature = "stats") {
             return;
         }
@@ -374,6 +393,8 @@ impl Retired {
 
     /// A large block alloc or free by a thread without a heap.
     pub(crate) fn record_large(&self, bytes: usize, alloc: bool) {
+        let delta = if alloc { bytes } else { bytes.wrapping_neg() };
+        self.large_live.fetch_add(delta, Ordering::Relaxed);
         if !cfg!(feature = "stats") {
             return;
         }

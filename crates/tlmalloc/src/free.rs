@@ -132,6 +132,7 @@ fn count_remote_free(class: usize) {
 ///
 /// # Safety
 /// `segment` is a live large segment whose block is being freed.
+#[inline]
 pub unsafe fn large_free(segment: *mut Segment) {
     // SAFETY: caller contract; `[tls-heap]`.
     unsafe {
@@ -147,13 +148,14 @@ pub unsafe fn large_free(segment: *mut Segment) {
             // Unstamped (0): the next purge pass stamps it with its own
             // clock, so an idle thread's stale clock cannot age the block,
             // and a free costs no clock read.
-            large::recycle(Some(&mut heap.state().local_large), segment, 0);
+            let live = heap.own_large_live();
+            large::recycle(Some(&mut heap.state().local_large), segment, 0, live);
             heap.end_change(was);
             purger::start_if_wanted();
         } else {
             // No heap of its own to tick: run the process-wide pass if due.
             let now = os::now_ms();
-            large::recycle(None, segment, now);
+            large::recycle(None, segment, now, 0);
             purge::purge_shared(now, false);
         }
     }

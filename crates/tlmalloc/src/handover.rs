@@ -15,7 +15,6 @@ use crate::heap::{set_thread_heap, HeapKind, HeapState, ThreadHeap, DEAD_HEAP, L
 use crate::heap_pool;
 use crate::large;
 use crate::large_cache::SHARED;
-use crate::options::{self, Opt};
 use crate::page::Page;
 use crate::registry;
 use crate::segment::Segment;
@@ -43,7 +42,7 @@ pub fn thread_exit(value: *mut c_void) {
 
 /// Release every empty page and segment of a heap's state; abandon the rest.
 pub fn abandon_heap(state: &mut HeapState) {
-    let max = options::get(Opt::LargeCacheMax);
+    let max = large::cache_bound(0);
     state.local_large.retain(|segment| {
         // SAFETY: `[cache-ownership]`: evicted from the local level, ours to
         // pass on or release.

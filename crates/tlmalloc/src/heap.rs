@@ -360,11 +360,24 @@ impl ThreadHeap {
         }
         let c = &self.counters;
         if alloc {
+            c.large_live.add(bytes);
             c.large_allocs.bump();
             c.large_bytes_allocated.add(bytes);
         } else {
+            c.large_live.add(bytes.wrapping_neg());
             c.large_frees.bump();
             c.large_bytes_freed.add(bytes);
+        }
+    }
+
+    /// This heap's thread's live large bytes (its own count: see
+    /// `HeapCounters::large_live`; 0 when negative). Owner only.
+    pub(crate) fn own_large_live(&self) -> usize {
+        let live = self.counters.large_live.get();
+        if (live as isize) < 0 {
+            0
+        } else {
+            live
         }
     }
 
@@ -375,6 +388,7 @@ impl ThreadHeap {
             RETIRED.record_large_bytes(new, old);
             return;
         }
+        self.counters.large_live.add(new.wrapping_sub(old));
         self.counters.large_bytes_allocated.add(new);
         self.counters.large_bytes_freed.add(old);
     }

@@ -27,6 +27,7 @@ use crate::report;
 use crate::segment::{Segment, SegmentKind, SEGMENT_HEADER_SIZE};
 use crate::segment_map::{self, CHUNK_FOREIGN, CHUNK_HEADER_BELOW, CHUNK_SEGMENT};
 use crate::size_class::{class_of_const, class_size_const};
+use crate::sync::{AtomicUsize, Ordering};
 
 #[inline]
 const fn round_up(n: usize, to: usize) -> Option<usize> {
@@ -166,6 +167,7 @@ unsafe fn install_block(segment: *mut Segment, offset: usize, usable: usize) {
 ///
 /// # Safety
 /// `segment` is a live large segment.
+#[inline]
 pub unsafe fn large_cacheable(segment: *mut Segment) -> bool {
     // SAFETY: constant fields of a live header.
     unsafe {
@@ -180,14 +182,14 @@ pub unsafe fn large_cacheable(segment: *mut Segment) -> bool {
 ///
 /// # Safety
 /// The caller took `segment` out of a cache; `large_capacity >= usable`.
+#[inline]
 pub unsafe fn large_reuse(segment: *mut Segment, usable: usize) -> *mut u8 {
     // SAFETY: the cache handed the segment to the caller alone.
     unsafe {
         debug_assert!((*segment).large_capacity() >= usable);
-        if (*segment).purged {
-            counters::record_recommit((*segment).large_capacity());
-            (*segment).purged = false;
-        }
+        counters::record_recommit((*segment).large_decommitted);
+        (*segment).large_decommitted = 0;
+        (*segment).purged = false;
         let page = &mut (*segment).pages[0];
         page.block_size = usable;
         page.used = 1;
@@ -203,9 +205,12 @@ pub unsafe fn large_reuse(segment: *mut Segment, usable: usize) -> *mut u8 {
 ///
 /// # Safety
 /// The caller holds `segment`, whose block was just freed.
+#[inline]
 pub unsafe fn large_mark_cached(segment: *mut Segment, now_ms: u64) {
     // SAFETY: the caller holds the segment.
     unsafe {
+        let block_size = (*segment).pages[0].block_size;
+        (*segment).large_touched = (*segment).large_touched.max(block_size);
         (*segment).pages[0].used = 0;
         (*segment).cached_at_ms = now_ms;
         (*segment).zeroed = false;
@@ -222,9 +227,14 @@ pub unsafe fn large_purge(segment: *mut Segment, lazy: bool) {
     unsafe {
         let start = (*segment).pages[0].area;
         let len = (*segment).large_capacity();
+        // What was counted decommitted before is counted again by the purge.
+        counters::record_recommit((*segment).large_decommitted);
+        (*segment).large_decommitted = 0;
         if arena::purge(start, len, lazy) {
             (*segment).purged = true;
             (*segment).zeroed = !lazy;
+            (*segment).large_decommitted = len;
+            (*segment).large_touched = 0;
         }
     }
 }
@@ -318,29 +328,41 @@ pub enum Origin {
 
 /// A large block of `size` bytes aligned to `align` (a power of two):
 /// from `local` (the calling thread's cache level, when it has one), the
-/// shared level, or a new mapping. With `zero`, its first `size` bytes read
-/// as zero (cleared only when the memory is not known to be zero already).
-/// Returns the block, its usable size and where it came from; `None` when
-/// the request is impossible or the OS refuses.
+/// shared level, or a new mapping. A cached block larger than asked for is
+/// trimmed ([`fit`]); with none large enough, the local level's largest is
+/// grown (`mremap`, its resident pages reused) before anything is mapped.
+/// With `zero`, the block's first `size` bytes read as zero (cleared only
+/// when the memory is not known to be zero already). Returns the block, its
+/// usable size and where it came from; `None` when the request is
+/// impossible or the OS refuses.
+#[inline(always)]
 pub fn alloc(
-    local: Option<&mut LocalLargeCache>,
+    mut local: Option<&mut LocalLargeCache>,
     size: usize,
     align: usize,
     zero: bool,
 ) -> Option<(*mut u8, usize, Origin)> {
     let usable = large_usable(size)?;
-    let (segment, origin) = if align <= OS_PAGE_SIZE && usable <= LARGE_CACHE_SIZE_MAX {
-        take_cached(local, usable)
-    } else {
-        (ptr::null_mut(), Origin::Mapped)
-    };
-    if !segment.is_null() {
-        // SAFETY: `[cache-ownership]`: the cache handed us the segment; its
-        // bin guarantees room for `usable`.
-        let p = unsafe { large_reuse(segment, usable) };
-        // SAFETY: as above; the block holds at least `size` bytes.
-        unsafe { clear_unless_zeroed(segment, p, size, zero) };
-        return Some((p, usable, origin));
+    if align <= OS_PAGE_SIZE && usable <= LARGE_CACHE_SIZE_MAX {
+        let (segment, origin) = take_cached(local.as_deref_mut(), usable);
+        if !segment.is_null() {
+            // SAFETY: `[cache-ownership]`: the cache handed us the segment,
+            // whose capacity is at least `usable`.
+            let p = unsafe { reuse_fitted(segment, usable) };
+            // SAFETY: as above; the block holds at least `size` bytes.
+            unsafe { clear_unless_zeroed(segment, p, size, zero) };
+            return Some((p, usable, origin));
+        }
+        if let Some(grown) = local.and_then(|l| grow_cached(l, usable)) {
+            // SAFETY: a segment of ours grown to hold `usable` bytes.
+            let p = unsafe { reuse_fitted(grown, usable) };
+            // SAFETY: as above.
+            unsafe { clear_unless_zeroed(grown, p, size, zero) };
+            return Some((p, usable, Origin::LocalCache));
+        }
+    }
+    if align <= OS_PAGE_SIZE && usable <= LARGE_CACHE_SIZE_MAX {
+        counters::record_large_cache(false);
     }
     let segment = large_map(usable, align);
     if segment.is_null() {
@@ -354,18 +376,119 @@ pub fn alloc(
     }
 }
 
+/// The program's live large bytes (all heaps, refreshed by the background
+/// purger each pass): what the recycle cache's bound adapts to.
+pub static LIVE_ESTIMATE: AtomicUsize = AtomicUsize::new(0);
+
+/// The least the recycle cache may hold, whatever the live footprint.
+const CACHE_FLOOR: usize = 32 << 20;
+
+/// The byte bound of the recycle cache's shared level (the local level
+/// keeps a quarter): twice the program's live large footprint (the larger
+/// of `own_live`, the freeing thread's own count, and the process-wide
+/// estimate), at least [`CACHE_FLOOR`], at most `TLMALLOC_LARGE_CACHE_MAX`.
+pub fn cache_bound(own_live: usize) -> usize {
+    let live = own_live.max(LIVE_ESTIMATE.load(Ordering::Relaxed));
+    live.saturating_mul(2)
+        .max(CACHE_FLOOR)
+        .min(options::get(Opt::LargeCacheMax))
+}
+
 /// A cached segment for `usable` bytes: the local level first, then the
-/// shared one (counting the shared level's hit or miss).
+/// shared one (counting a shared hit; a miss is counted when a block has to
+/// be mapped).
+#[inline]
 fn take_cached(local: Option<&mut LocalLargeCache>, usable: usize) -> (*mut Segment, Origin) {
     if let Some(local) = local {
-        let segment = local.take(usable);
+        let segment = local.take_fit(usable);
         if !segment.is_null() {
             return (segment, Origin::LocalCache);
         }
     }
     let segment = SHARED.take(usable);
-    counters::record_large_cache(!segment.is_null());
+    if !segment.is_null() {
+        counters::record_large_cache(true);
+    }
     (segment, Origin::SharedCache)
+}
+
+/// The local level's largest block, grown to hold `usable` bytes (in
+/// place, or its pages moved to a larger range): what it had resident is
+/// reused instead of faulted in anew. `None` (the block released) when the
+/// kernel cannot grow it.
+#[cold]
+#[inline(never)]
+fn grow_cached(local: &mut LocalLargeCache, usable: usize) -> Option<*mut Segment> {
+    let segment = local.take_largest();
+    if segment.is_null() {
+        return None;
+    }
+    // SAFETY: `[cache-ownership]`: the block is ours and free, so its
+    // mapping may move.
+    unsafe {
+        let grown = large_grow(segment, usable);
+        if grown.is_null() {
+            large_release(segment);
+            return None;
+        }
+        Some(grown)
+    }
+}
+
+/// Bytes past what a request needs that a reused block may keep as they
+/// are; beyond this (and an eighth of the request), the excess is given
+/// back: unmapped down to the standard segment, purged within it.
+const TRIM_SLACK: usize = 1 << 20;
+
+/// Hand a cached (or just grown) block out for `usable` bytes, giving back
+/// what it has in excess: the mapping is cut to what the block needs (never
+/// below one standard segment, which the segment cache can reuse whole),
+/// and memory a previous user touched beyond that is purged.
+///
+/// # Safety
+/// The caller holds `segment`, a free large segment whose capacity is at
+/// least `usable`.
+#[inline]
+unsafe fn reuse_fitted(segment: *mut Segment, usable: usize) -> *mut u8 {
+    // SAFETY: caller contract.
+    unsafe {
+        let p = large_reuse(segment, usable);
+        let slack = TRIM_SLACK.max(usable / 8);
+        if (*segment).map_size > SEGMENT_SIZE || (*segment).large_touched > usable + slack {
+            give_back_excess(segment, p, usable, slack);
+        }
+        p
+    }
+}
+
+/// The part of [`reuse_fitted`] that gives memory back: an alloc/free loop
+/// of one size never comes here.
+///
+/// # Safety
+/// As `reuse_fitted`, after `large_reuse` handed out the block `p`.
+#[cold]
+#[inline(never)]
+unsafe fn give_back_excess(segment: *mut Segment, p: *mut u8, usable: usize, slack: usize) {
+    // SAFETY: caller contract.
+    unsafe {
+        let offset = p as usize - segment as usize;
+        let need = round_up(offset + usable, OS_PAGE_SIZE).unwrap_or(usize::MAX);
+        let map_size = (*segment).map_size;
+        let keep = need.max(SEGMENT_SIZE);
+        if map_size > keep && map_size - keep > slack && (*segment).map_base == segment.cast() {
+            arena::unmap(segment.cast::<u8>().add(keep), map_size - keep);
+            (*segment).map_size = keep;
+        }
+        let touched_end = offset + (*segment).large_touched;
+        if touched_end > need + slack && need < (*segment).map_size {
+            let end = touched_end.min((*segment).map_size);
+            let start = segment.cast::<u8>().add(need);
+            if arena::purge(start, end - need, false) {
+                (*segment).large_decommitted += end - need;
+            }
+            (*segment).large_touched = usable;
+        }
+    }
 }
 
 /// Clear the first `size` bytes of the block `p` of `segment` when `zero`
@@ -387,6 +510,7 @@ unsafe fn clear_unless_zeroed(segment: *mut Segment, p: *mut u8, size: usize, ze
 ///
 /// # Safety
 /// `segment` is a live large segment header.
+#[inline]
 pub unsafe fn assert_live(segment: *mut Segment) {
     // SAFETY: caller contract; `[large-segment]`.
     unsafe {
@@ -403,24 +527,30 @@ pub unsafe fn assert_live(segment: *mut Segment) {
 /// Keep a freed large block for reuse: in `local` (the freeing thread's
 /// level, when it has one), else the shared level, else give it back.
 /// `stamp_ms` is its cache time (0: the next purge pass stamps it, so a
-/// free needs no clock read).
+/// free needs no clock read); `own_live` the freeing thread's live large
+/// bytes, for the cache's bound ([`cache_bound`]).
 ///
 /// # Safety
 /// The caller holds `segment`, a large segment whose live block is being
 /// freed once (checked with [`assert_live`]), and unlinked it from any list.
-pub unsafe fn recycle(local: Option<&mut LocalLargeCache>, segment: *mut Segment, stamp_ms: u64) {
+#[inline(always)]
+pub unsafe fn recycle(
+    local: Option<&mut LocalLargeCache>,
+    segment: *mut Segment,
+    stamp_ms: u64,
+    own_live: usize,
+) {
     // SAFETY: caller contract.
     unsafe {
         if large_cacheable(segment) {
             large_mark_cached(segment, stamp_ms);
-            let max = options::get(Opt::LargeCacheMax);
             arena::note_purgeable();
             if let Some(local) = local {
-                if local.put(segment, max / 4) {
+                if local.put(segment, || cache_bound(own_live) / 4) {
                     return;
                 }
             }
-            if SHARED.put(segment, max) {
+            if SHARED.put(segment, cache_bound(own_live)) {
                 return;
             }
         }

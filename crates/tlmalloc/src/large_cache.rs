@@ -15,9 +15,12 @@
 //!   block just published: a cache miss, never a loss (modelled in
 //!   `tests/loom.rs`).
 //!
-//! A cached block keeps its class (the usable size it last had, which is
-//! what can be resident). A request of class `c` takes a block of class
-//! `c ..= c + CLASS_SLACK` (at most ~28 % larger).
+//! A cached block keeps its class (the usable size it last had). A request
+//! takes the smallest cached block at least as large (any class above its
+//! own): the tier trims what is too much (`large.rs`), so random sizes find
+//! a block instead of piling up beside ones that almost fit. The local
+//! level can also hand out its largest block below a request, for the tier
+//! to grow in place or move with `mremap` (its resident pages reused).
 //!
 //! Invariant `[cache-ownership]`: a segment in a slot of either level is a
 //! freed large segment (`[large-segment]`, `pages[0].used == 0`) that
@@ -31,7 +34,7 @@ use core::ptr;
 use crate::config::{LARGE_CACHE_SIZE_MAX, MEDIUM_SIZE_MAX};
 use crate::segment::Segment;
 use crate::size_class::{class_of_const, CLASS_COUNT};
-use crate::sync::{AtomicPtr, AtomicUsize, Ordering};
+use crate::sync::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 const FIRST_CLASS: usize = CLASS_COUNT;
 const LAST_CLASS: usize = class_of_const(LARGE_CACHE_SIZE_MAX);
@@ -39,10 +42,10 @@ const LAST_CLASS: usize = class_of_const(LARGE_CACHE_SIZE_MAX);
 pub const BINS: usize = LAST_CLASS - FIRST_CLASS + 1;
 /// Slots per class in the shared level.
 const SHARED_SLOTS: usize = 4;
-/// A request may take a block up to this many classes above its own.
-pub const CLASS_SLACK: usize = 2;
 /// Slots of the local level.
 pub const LOCAL_SLOTS: usize = 8;
+/// Words of the shared level's occupancy bitmap (a bit per bin).
+const BIN_WORDS: usize = BINS.div_ceil(64);
 
 const _: () = assert!(class_of_const(MEDIUM_SIZE_MAX + 1) == FIRST_CLASS);
 
@@ -74,64 +77,100 @@ unsafe fn segment_bytes(segment: *mut Segment) -> usize {
 // Local level
 // ---------------------------------------------------------------------------
 
-/// A thread's own cache of freed large blocks (owner only).
+/// A thread's own cache of freed large blocks (owner only). Each slot
+/// keeps the block's capacity beside it, so a lookup reads no header, and
+/// a bit mask of the occupied slots, so it looks at those only.
 pub struct LocalLargeCache {
     slots: [*mut Segment; LOCAL_SLOTS],
+    capacity: [usize; LOCAL_SLOTS],
+    /// Bit `i` set when `slots[i]` holds a block.
+    occupied: u8,
     bytes: usize,
 }
+
+const _: () = assert!(LOCAL_SLOTS <= 8, "occupancy is one u8");
 
 impl LocalLargeCache {
     /// An empty cache.
     pub const fn new() -> Self {
         LocalLargeCache {
             slots: [ptr::null_mut(); LOCAL_SLOTS],
+            capacity: [0; LOCAL_SLOTS],
+            occupied: 0,
             bytes: 0,
         }
     }
 
-    /// Take the best-fitting block for `usable` bytes (a large class size), or null.
-    pub fn take(&mut self, usable: usize) -> *mut Segment {
-        let bin = bin_of(usable);
-        let mut best = usize::MAX;
-        let mut best_bin = usize::MAX;
-        for (i, &segment) in self.slots.iter().enumerate() {
-            if segment.is_null() {
-                continue;
-            }
-            // SAFETY: `[cache-ownership]`: a non-null slot holds a segment of ours.
-            let have = unsafe { segment_bin(segment) };
-            if have >= bin && have <= bin + CLASS_SLACK && have < best_bin {
-                best_bin = have;
-                best = i;
-                if have == bin {
-                    break;
-                }
-            }
-        }
-        let Some(slot) = self.slots.get_mut(best) else {
-            return ptr::null_mut();
-        };
-        let segment = core::mem::replace(slot, ptr::null_mut());
+    /// Take the block of slot `i` (occupied) out of the cache.
+    fn take_slot(&mut self, i: usize) -> *mut Segment {
+        self.occupied &= !(1 << i);
+        let segment = core::mem::replace(&mut self.slots[i], ptr::null_mut());
         // SAFETY: ours until handed out (`[cache-ownership]`).
         self.bytes -= unsafe { segment_bytes(segment) };
         segment
     }
 
-    /// Keep a freed block while the cache holds at most `max_bytes`.
-    /// Returns false (the caller keeps the block) when there is no room.
+    /// Take the cached block with the smallest capacity of at least
+    /// `usable` bytes, or null (a look at the occupied slots only).
+    #[inline]
+    pub fn take_fit(&mut self, usable: usize) -> *mut Segment {
+        let mut best = usize::MAX;
+        let mut best_capacity = usize::MAX;
+        let mut mask = self.occupied;
+        while mask != 0 {
+            let i = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            let capacity = self.capacity[i];
+            if capacity >= usable && capacity < best_capacity {
+                best = i;
+                best_capacity = capacity;
+            }
+        }
+        if best == usize::MAX {
+            return ptr::null_mut();
+        }
+        self.take_slot(best)
+    }
+
+    /// Take the cached block with the largest capacity (to be grown), or null.
+    pub fn take_largest(&mut self) -> *mut Segment {
+        let mut best = usize::MAX;
+        let mut best_capacity = 0;
+        let mut mask = self.occupied;
+        while mask != 0 {
+            let i = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            if self.capacity[i] > best_capacity {
+                best = i;
+                best_capacity = self.capacity[i];
+            }
+        }
+        if best == usize::MAX {
+            return ptr::null_mut();
+        }
+        self.take_slot(best)
+    }
+
+    /// Keep a freed block if the cache is empty, or if it then holds at
+    /// most `max_bytes()` (asked only then) and has a free slot. Returns
+    /// false (the caller keeps the block) when there is no room.
     ///
     /// # Safety
     /// The caller hands over `segment`, a freed cacheable large segment.
-    pub unsafe fn put(&mut self, segment: *mut Segment, max_bytes: usize) -> bool {
+    #[inline]
+    pub unsafe fn put(&mut self, segment: *mut Segment, max_bytes: impl FnOnce() -> usize) -> bool {
         // SAFETY: caller contract.
-        let bytes = unsafe { segment_bytes(segment) };
-        if self.bytes + bytes > max_bytes {
+        let (bytes, capacity) = unsafe { (segment_bytes(segment), (*segment).large_capacity()) };
+        if self.occupied != 0 && (self.bytes + bytes > max_bytes() || self.occupied == u8::MAX) {
             return false;
         }
-        let Some(slot) = self.slots.iter_mut().find(|s| s.is_null()) else {
+        let i = (!self.occupied).trailing_zeros() as usize;
+        if i >= LOCAL_SLOTS {
             return false;
-        };
-        *slot = segment;
+        }
+        self.slots[i] = segment;
+        self.capacity[i] = capacity;
+        self.occupied |= 1 << i;
         self.bytes += bytes;
         true
     }
@@ -139,15 +178,16 @@ impl LocalLargeCache {
     /// Offer each cached segment to `evict`; when it returns true the
     /// segment leaves the cache and `evict` owns it.
     pub fn retain(&mut self, mut evict: impl FnMut(*mut Segment) -> bool) {
-        for slot in self.slots.iter_mut() {
-            let segment = *slot;
-            if segment.is_null() {
-                continue;
-            }
+        let mut mask = self.occupied;
+        while mask != 0 {
+            let i = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            let segment = self.slots[i];
             // SAFETY: ours until `evict` takes it (`[cache-ownership]`).
             let bytes = unsafe { segment_bytes(segment) };
             if evict(segment) {
-                *slot = ptr::null_mut();
+                self.slots[i] = ptr::null_mut();
+                self.occupied &= !(1 << i);
                 self.bytes -= bytes;
             }
         }
@@ -170,6 +210,11 @@ pub struct SharedLargeCache {
     /// Bytes of mapping held (reserved before a put, so it never exceeds
     /// the bound by more than one racing put's worth).
     bytes: AtomicUsize,
+    /// A bit per bin that may hold a block (set after a put, cleared by a
+    /// take that found the bin empty): a hint, so a take skips empty bins.
+    /// A stale set bit costs a look; a stale clear bit a miss until the
+    /// next put or sweep, never a loss.
+    occupied: [AtomicU64; BIN_WORDS],
 }
 
 /// The shared level of the process.
@@ -183,6 +228,7 @@ impl SharedLargeCache {
         SharedLargeCache {
             slots: [const { [const { AtomicPtr::new(ptr::null_mut()) }; SHARED_SLOTS] }; BINS],
             bytes: AtomicUsize::new(0),
+            occupied: [const { AtomicU64::new(0) }; BIN_WORDS],
         }
     }
 
@@ -194,6 +240,7 @@ impl SharedLargeCache {
                 core::array::from_fn(|_| AtomicPtr::new(ptr::null_mut()))
             }),
             bytes: AtomicUsize::new(0),
+            occupied: core::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 
@@ -206,10 +253,27 @@ impl SharedLargeCache {
                     .compare_exchange(ptr::null_mut(), segment, Ordering::Release, Ordering::Relaxed)
                     .is_ok()
             {
+                // Release, read by a take's clearing RMW: see `take`.
+                self.occupied[bin / 64].fetch_or(1u64 << (bin % 64), Ordering::Release);
                 return true;
             }
         }
         false
+    }
+
+    /// The first bin from `bin` up that may hold a block, or `BINS`.
+    fn next_occupied(&self, bin: usize) -> usize {
+        let mut word = bin / 64;
+        let mut mask = !0u64 << (bin % 64);
+        while word < BIN_WORDS {
+            let bits = self.occupied[word].load(Ordering::Relaxed) & mask;
+            if bits != 0 {
+                return word * 64 + bits.trailing_zeros() as usize;
+            }
+            word += 1;
+            mask = !0;
+        }
+        BINS
     }
 
     /// Offer a freed block, keeping the level at most `max_bytes`. Returns
@@ -231,11 +295,12 @@ impl SharedLargeCache {
         false
     }
 
-    /// Take a block that can serve `usable` bytes (a large class size), or null.
+    /// Take the smallest-class block that can serve `usable` bytes (a
+    /// large class size), or null.
     pub fn take(&self, usable: usize) -> *mut Segment {
-        let bin = bin_of(usable);
-        for slots in self.slots.iter().skip(bin).take(CLASS_SLACK + 1) {
-            for slot in slots {
+        let mut bin = self.next_occupied(bin_of(usable));
+        while bin < BINS {
+            for slot in &self.slots[bin] {
                 if slot.load(Ordering::Relaxed).is_null() {
                     continue;
                 }
@@ -248,6 +313,21 @@ impl SharedLargeCache {
                     return segment;
                 }
             }
+            // Found the bin empty: clear its hint, then look again. A put
+            // sets the bit after filling its slot; if that set came before
+            // our clear, the clear (an RMW) reads it and acquires the
+            // slot's write, so the second look sees the block and the bit
+            // is set back; if it came after, the bit stays set.
+            let bit = 1u64 << (bin % 64);
+            self.occupied[bin / 64].fetch_and(!bit, Ordering::AcqRel);
+            if self.slots[bin]
+                .iter()
+                .any(|slot| !slot.load(Ordering::Acquire).is_null())
+            {
+                self.occupied[bin / 64].fetch_or(bit, Ordering::Release);
+                continue; // this bin again
+            }
+            bin = self.next_occupied(bin + 1);
         }
         ptr::null_mut()
     }

@@ -7,7 +7,7 @@
 //! |---|---|---|---|
 //! | `TLMALLOC_PURGE_DELAY_MS` | 1000 | ms | how long a free page, empty segment or cached large block stays resident before it is purged (cached blocks are unmapped after 8× this); 0 purges at the next check |
 //! | `TLMALLOC_PURGE_MODE` | `dontneed` | word | `dontneed` (`MADV_DONTNEED`: RSS drops at once, pages read back zero) or `free` (`MADV_FREE`: the kernel reclaims lazily) |
-//! | `TLMALLOC_LARGE_CACHE_MAX` | `512m` | bytes | bytes of freed large blocks kept for reuse (shared level; each thread keeps at most a quarter of it, in 8 slots) |
+//! | `TLMALLOC_LARGE_CACHE_MAX` | `512m` | bytes | the most bytes of freed large blocks kept for reuse: the shared level holds up to twice the live large footprint (at least 32 MiB, at most this), each thread a quarter of that in 8 slots (always one block) |
 //! | `TLMALLOC_MAX_RESERVED` | 0 (none) | bytes | cap on bytes mapped from the OS; a request beyond it gets null |
 //! | `TLMALLOC_THP` | `system` | word | transparent huge pages: `system`, `always` (`MADV_HUGEPAGE` on segments and large blocks) or `never` (`MADV_NOHUGEPAGE`) |
 //! | `TLMALLOC_SHOW_STATS` | `off` | word | print the statistics summary at exit: `1`/`all` in every process, `pid:N` (or a bare `N` ≥ 2) only in process N, `0` in none |
@@ -37,8 +37,18 @@ use crate::text::Text;
 pub const PREFIX: &str = "TLMALLOC_";
 
 /// Variables with our prefix that our own tools read (the launcher's
-/// `TLMALLOC_LIB`, the C tests' `TLMALLOC_TEST_LIB`): not unknown options.
-const NOT_OPTIONS: [&[u8]; 2] = [b"TLMALLOC_LIB", b"TLMALLOC_TEST_LIB"];
+/// `TLMALLOC_LIB`, the C tests' `TLMALLOC_TEST_LIB`, the fuzz test's
+/// budget and replay knobs): not unknown options.
+const NOT_OPTIONS: [&[u8]; 8] = [
+    b"TLMALLOC_LIB",
+    b"TLMALLOC_TEST_LIB",
+    b"TLMALLOC_SOAK_SECS",
+    b"TLMALLOC_FUZZ_SEED",
+    b"TLMALLOC_FUZZ_ONLY_THREAD",
+    b"TLMALLOC_FUZZ_CASES",
+    b"TLMALLOC_FUZZ_THREADS",
+    b"TLMALLOC_FUZZ_OPS",
+];
 
 macro_rules! options {
     ($(
@@ -99,7 +109,7 @@ options! {
         unit: "bytes",
         parse: parse_size,
         show: show_size,
-        doc: "bytes of freed large blocks kept for reuse (shared level; each thread keeps at most a quarter of it, in 8 slots)",
+        doc: "the most bytes of freed large blocks kept for reuse: the shared level holds up to twice the live large footprint (at least 32 MiB, at most this), each thread a quarter of that in 8 slots (always one block)",
     },
     MaxReserved {
         env: "TLMALLOC_MAX_RESERVED",

@@ -25,7 +25,9 @@ use core::ffi::c_void;
 
 use crate::abandoned::ABANDONED;
 use crate::arena::{self, PURGER_ASLEEP};
+use crate::counters::RETIRED;
 use crate::heap::{ThreadHeap, PROCESS_HEAP};
+use crate::large;
 use crate::large_cache::SHARED;
 use crate::options::{self, Opt};
 use crate::os;
@@ -88,11 +90,17 @@ pub fn after_fork_child() {
 /// The purger thread.
 extern "C" fn run(_: *mut c_void) -> *mut c_void {
     loop {
+        if options::get(Opt::BackgroundPurge) == 0 {
+            // Turned off at run time: do nothing until it is turned on
+            // again (and memory is freed, which rings the doorbell).
+            sleep_until_rung();
+            continue;
+        }
         // Cleared before the pass: what is freed during it rings again.
         arena::take_purgeable();
         let policy = PurgePolicy::current();
         let pending = pass(os::now_ms(), policy);
-        if options::get(Opt::BackgroundPurge) == 0 || !pending {
+        if !pending {
             sleep_until_rung();
         } else {
             let interval = (policy.delay_ms / 4).clamp(1, 1000);
@@ -131,7 +139,25 @@ fn pass(now_ms: u64, policy: PurgePolicy) -> bool {
     if HANDSHAKE.load(Ordering::Acquire) {
         pending |= visit_heaps(now_ms, policy);
     }
+    refresh_live_estimate();
     pending
+}
+
+/// The program's live large bytes for the recycle cache's bound: the sum
+/// of every heap's own count and the retired totals.
+fn refresh_live_estimate() {
+    let mut live = 0usize;
+    // The retired totals are read under the registry's lock, with the
+    // heaps, so a heap that retires meanwhile is counted once.
+    registry::for_each_heap_counters(|heap| {
+        let n = match heap {
+            None => RETIRED.large_live.load(Ordering::Relaxed),
+            Some(c) => c.large_live.get(),
+        };
+        live = live.wrapping_add(n);
+    });
+    let live = if (live as isize) < 0 { 0 } else { live };
+    large::LIVE_ESTIMATE.store(live, Ordering::Relaxed);
 }
 
 /// Step 3: every registered heap, in batches (`[purge-handshake]`).

@@ -133,7 +133,12 @@ pub struct Segment {
     /// Holder: free page slots purged since their last use (their bytes
     /// count as decommitted in the statistics until reused or unmapped).
     pub purged_mask: u64,
-    _pad4: [u64; 2],
+    /// Large segments, holder: bytes from the block's start that may be
+    /// resident (the most the block has been used for since its last purge).
+    pub large_touched: usize,
+    /// Large segments, holder: bytes of the block counted as decommitted in
+    /// the statistics (purged, not used since).
+    pub large_decommitted: usize,
     /// The page table (a large segment uses slot 0 only).
     pub pages: [Page; PAGES_PER_SEGMENT],
 }
@@ -210,7 +215,8 @@ impl Segment {
             addr_of_mut!((*segment).purged).write(false);
             addr_of_mut!((*segment)._pad3).write([0; 6]);
             addr_of_mut!((*segment).purged_mask).write(0);
-            addr_of_mut!((*segment)._pad4).write([0; 2]);
+            addr_of_mut!((*segment).large_touched).write(0);
+            addr_of_mut!((*segment).large_decommitted).write(0);
         }
         // Loom's atomics carry model state, so under loom every slot is
         // constructed whatever the memory holds.
@@ -276,10 +282,9 @@ impl Segment {
     /// cache's accounting (whole segments) and `munmap` start clean.
     pub fn recommit_purged(&mut self) {
         if self.kind == SegmentKind::Large {
-            if self.purged {
-                counters::record_recommit(self.large_capacity());
-                self.purged = false;
-            }
+            counters::record_recommit(self.large_decommitted);
+            self.large_decommitted = 0;
+            self.purged = false;
             return;
         }
         let mut mask = self.purged_mask;

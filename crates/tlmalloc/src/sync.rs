@@ -10,12 +10,13 @@
 pub use core::sync::atomic::compiler_fence;
 #[cfg(loom)]
 pub use loom::sync::atomic::{
-    fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU8, AtomicUsize, Ordering,
+    fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
 };
 
 #[cfg(not(loom))]
 pub use core::sync::atomic::{
-    compiler_fence, fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU8, AtomicUsize, Ordering,
+    compiler_fence, fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
+    Ordering,
 };
 
 /// Atomics for statistics only: the process-wide and per-heap counters.
