@@ -132,6 +132,73 @@ pub fn rss_kib() -> (u64, u64) {
     (rss, hwm.max(rss))
 }
 
+/// Resident set now in KiB, from /proc/self/statm (cheaper than
+/// /proc/self/status, for sampling); [`rss_kib`]'s VmRSS where statm
+/// cannot be read.
+pub fn rss_now_kib() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok();
+    let pages = statm
+        .as_deref()
+        .and_then(|t| t.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok());
+    match pages {
+        Some(pages) => pages * page_size() / 1024,
+        None => rss_kib().0,
+    }
+}
+
+/// The page size in bytes.
+pub fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if size > 0 {
+        size as u64
+    } else {
+        4096
+    }
+}
+
+/// How often an idle thread makes its one small allocation.
+pub const IDLE_TICK: Duration = Duration::from_millis(50);
+
+/// What an idle thread of a program does now and then: one small malloc,
+/// touched, and its free (so that an allocator that returns memory from
+/// its own calls, when a delay has passed, gets the chance).
+#[inline(never)]
+pub fn idle_tick() {
+    let q = alloc(64);
+    touch(q, 1);
+    // SAFETY: allocated just above, freed once.
+    unsafe { dealloc(q) };
+}
+
+/// Idle until `deadline`, an [`idle_tick`] every [`IDLE_TICK`] (the first
+/// one at once).
+pub fn idle_until(deadline: Instant) {
+    loop {
+        idle_tick();
+        let now = Instant::now();
+        if now >= deadline {
+            return;
+        }
+        std::thread::sleep(IDLE_TICK.min(deadline - now));
+    }
+}
+
+/// The settle after a workload has freed everything it allocated: idle
+/// for `ms` on the calling thread (an [`idle_tick`] every 50 ms), then the
+/// resident set in KiB. The figures every workload adds to its result
+/// line(s): `rss_after_free_kib` (that resident set), `settle_ms`, and
+/// `rss_base_kib` (the resident set before the workload, `base`).
+pub fn settle(ms: u64, base: u64) -> [(&'static str, f64); 3] {
+    idle_until(Instant::now() + Duration::from_millis(ms));
+    [
+        ("rss_after_free_kib", rss_now_kib() as f64),
+        ("settle_ms", ms as f64),
+        ("rss_base_kib", base as f64),
+    ]
+}
+
 /// Reset the peak resident set (VmHWM) to the current one, so the next
 /// [`rss_kib`] reports the peak of one measurement (Linux >= 4.0:
 /// `echo 5 > /proc/self/clear_refs`). False where that is not allowed; the
