@@ -5,7 +5,7 @@ use std::fmt::Write;
 use std::path::Path;
 
 use crate::charts::{bar_chart, bytes, color_of, line_chart_loglog, short, Bars, Line, Scale};
-use crate::results::{CallgrindResults, Results};
+use crate::results::{CallgrindResults, Record, Results};
 use crate::stats::{advantage, Summary};
 use crate::workloads::{metric, Family, Metric, WORKLOADS};
 
@@ -97,17 +97,16 @@ pub fn losses(r: &Results) -> Vec<Loss> {
                 };
                 let mut winners = Vec::new();
                 for name in r.allocator_names().iter().filter(|n| *n != "tlmalloc") {
-                    let Some(s) = r
-                        .record(w.name, name, threads, &param)
-                        .and_then(|x| x.summary.get(key))
-                    else {
+                    let Some(theirs) = r.record(w.name, name, threads, &param) else {
+                        continue;
+                    };
+                    let Some(s) = theirs.summary.get(key) else {
                         continue;
                     };
                     let Some(adv) = advantage(s.median, o.median, m.higher_is_better) else {
                         continue;
                     };
-                    // Memory differences under 1 MiB are noise, not losses.
-                    if m.unit == "MiB" && (s.median - o.median).abs() < 1024.0 {
+                    if noise(&m, ours, theirs, o, s) {
                         continue;
                     }
                     if adv >= LOSS_THRESHOLD {
@@ -138,6 +137,29 @@ pub fn losses(r: &Results) -> Vec<Loss> {
     }
     out.sort_by(|a, b| b.winners[0].2.total_cmp(&a.winners[0].2));
     out
+}
+
+/// Whether the difference between two medians is below what the figure
+/// can tell: memory under 1 MiB, or a latency within two steps of the
+/// timer (the larger of `timer_resolution_ns` and `sample_step_ns` of
+/// either record; 10 ns on some virtual machines, where single samples
+/// are multiples of it).
+fn noise(m: &Metric, ours: &Record, theirs: &Record, o: &Summary, s: &Summary) -> bool {
+    let diff = (s.median - o.median).abs();
+    match m.unit {
+        "MiB" => diff < 1024.0,
+        "ns" => {
+            let step = |x: &Record| {
+                ["timer_resolution_ns", "sample_step_ns"]
+                    .iter()
+                    .filter_map(|k| x.summary.get(*k))
+                    .map(|t| t.median)
+                    .fold(0.0, f64::max)
+            };
+            diff < 2.0 * step(ours).max(step(theirs))
+        }
+        _ => false,
+    }
 }
 
 fn allocators_section(
@@ -437,7 +459,7 @@ pub fn tallies(r: &Results) -> Vec<Tally> {
                         continue;
                     };
                     t.compared += 1;
-                    let small = m.unit == "MiB" && (s.median - o.median).abs() < 1024.0;
+                    let small = noise(&m, ours, theirs, o, s);
                     if small || (adv < LOSS_THRESHOLD && adv > 1.0 / LOSS_THRESHOLD) {
                         t.within += 1;
                     } else if adv >= LOSS_THRESHOLD {
@@ -1227,6 +1249,35 @@ mod tests {
         assert!(!l
             .iter()
             .any(|x| x.metric == "mops" && x.winners.iter().any(|w| w.0 == "glibc")));
+    }
+
+    #[test]
+    fn differences_within_the_timer_step_are_no_loss() {
+        let mut r = sample();
+        let mut records = Vec::new();
+        for (a, p50, p999) in [("tlmalloc", 10.2, 14_000.0), ("glibc", 0.4, 900.0)] {
+            records.push(rec(
+                "fresh-tail",
+                a,
+                1,
+                "",
+                &[&[
+                    ("p50_ns", p50),
+                    ("p999_ns", p999),
+                    ("timer_resolution_ns", 0.4),
+                    ("sample_step_ns", 10.2),
+                ]],
+            ));
+        }
+        r.records = finish_records(records);
+        let l = losses(&r);
+        assert!(!l.iter().any(|x| x.metric == "p50_ns"), "{l:?}");
+        assert!(l.iter().any(|x| x.metric == "p999_ns"), "{l:?}");
+        let t = tallies(&r);
+        assert_eq!(
+            (t[0].compared, t[0].within, t[0].allocator_better),
+            (2, 1, 1)
+        );
     }
 
     #[test]

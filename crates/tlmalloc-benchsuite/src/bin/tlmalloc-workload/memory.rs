@@ -567,6 +567,20 @@ mod tests {
     }
 
     #[test]
+    fn the_sample_step_is_that_of_the_common_values() {
+        use crate::sys::sample_step;
+        // 73 and 98 ticks common, one odd 74: the step is 25.
+        let mut v = vec![73u32; 600];
+        v.extend([74]);
+        v.extend(vec![98; 380]);
+        v.extend([5000; 3]);
+        assert_eq!(sample_step(&v), Some(25));
+        assert_eq!(sample_step(&[40, 40, 41, 42, 42]), Some(1));
+        assert_eq!(sample_step(&[7; 10]), None);
+        assert_eq!(sample_step(&[]), None);
+    }
+
+    #[test]
     fn idle_until_returns_at_the_deadline() {
         let t = Instant::now();
         idle_until(t + Duration::from_millis(120));
