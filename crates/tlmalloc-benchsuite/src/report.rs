@@ -140,23 +140,23 @@ pub fn losses(r: &Results) -> Vec<Loss> {
 }
 
 /// Whether the difference between two medians is below what the figure
-/// can tell: memory under 1 MiB, or a latency within two steps of the
-/// timer (the larger of `timer_resolution_ns` and `sample_step_ns` of
-/// either record; 10 ns on some virtual machines, where single samples
-/// are multiples of it).
+/// can tell: memory under 1 MiB, or a latency within one step of the
+/// timer (under 1.5 times the larger `timer_step_ns`, or
+/// `timer_resolution_ns`, of the two records; 10 ns on some virtual
+/// machines, where single samples are multiples of it).
 fn noise(m: &Metric, ours: &Record, theirs: &Record, o: &Summary, s: &Summary) -> bool {
     let diff = (s.median - o.median).abs();
     match m.unit {
         "MiB" => diff < 1024.0,
         "ns" => {
             let step = |x: &Record| {
-                ["timer_resolution_ns", "sample_step_ns"]
+                ["timer_resolution_ns", "timer_step_ns"]
                     .iter()
                     .filter_map(|k| x.summary.get(*k))
                     .map(|t| t.median)
                     .fold(0.0, f64::max)
             };
-            diff < 2.0 * step(ours).max(step(theirs))
+            diff < 1.5 * step(ours).max(step(theirs))
         }
         _ => false,
     }
@@ -730,12 +730,16 @@ pub fn markdown(
             workload_section(&mut out, r, w, &names);
         }
         rss_section(&mut out, r, &names);
-        if r.records.iter().any(|x| x.workload == "latency") {
+        if r.records
+            .iter()
+            .any(|x| x.workload == "latency" || x.workload == "fresh-tail")
+        {
             out.push_str(
                 "Latency note: single samples are timed with the TSC; the empty timed region's median cost is \
-                 subtracted. On a virtual machine whose counter moves in coarse steps (see `timer_resolution_ns` \
-                 in results.json) single-sample percentiles are multiples of that step; the mean (of the samples \
-                 up to p99.9) is not quantised.\n\n",
+                 subtracted. On a virtual machine whose counter moves in coarse steps (`timer_step_ns` \
+                 in results.json) single-sample percentiles are multiples of that step, and the summary and the \
+                 losses count a difference within one step as a tie; the mean (of the samples up to p99.9) is not \
+                 quantised.\n\n",
             );
         }
         if !r.failures.is_empty() {
@@ -1265,7 +1269,7 @@ mod tests {
                     ("p50_ns", p50),
                     ("p999_ns", p999),
                     ("timer_resolution_ns", 0.4),
-                    ("sample_step_ns", 10.2),
+                    ("timer_step_ns", 10.2),
                 ]],
             ));
         }

@@ -392,6 +392,7 @@ pub fn fresh_tail(p: &Params) {
             timer.overhead_ticks as f64 * timer.ns_per_tick,
         ),
         ("timer_resolution_ns", timer.resolution_ns),
+        ("timer_step_ns", timer.step_ns),
     ];
     m.extend(percentiles(samples, &timer));
     blocks.into_iter().for_each(Blocks::free_all);
@@ -567,17 +568,19 @@ mod tests {
     }
 
     #[test]
-    fn the_sample_step_is_that_of_the_common_values() {
-        use crate::sys::sample_step;
-        // 73 and 98 ticks common, one odd 74: the step is 25.
-        let mut v = vec![73u32; 600];
-        v.extend([74]);
-        v.extend(vec![98; 380]);
+    fn the_counter_step_is_that_of_the_clusters() {
+        use crate::sys::counter_step;
+        // 49, 73 and 74 common (the last two one cluster), one odd 50: 24.
+        let mut v = vec![49u64; 250];
+        v.extend([50]);
+        v.extend(vec![73; 375]);
+        v.extend(vec![74; 370]);
         v.extend([5000; 3]);
-        assert_eq!(sample_step(&v), Some(25));
-        assert_eq!(sample_step(&[40, 40, 41, 42, 42]), Some(1));
-        assert_eq!(sample_step(&[7; 10]), None);
-        assert_eq!(sample_step(&[]), None);
+        assert_eq!(counter_step(&v), Some(24));
+        // A fine counter: one cluster.
+        assert_eq!(counter_step(&[40, 40, 41, 42, 42]), None);
+        assert_eq!(counter_step(&[7; 10]), None);
+        assert_eq!(counter_step(&[]), None);
     }
 
     #[test]

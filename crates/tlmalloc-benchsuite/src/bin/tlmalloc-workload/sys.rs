@@ -240,6 +240,10 @@ pub struct Timer {
     /// The smallest non-zero step the counter was seen to take, in ns
     /// (10 ns on some virtual machines: single samples are that coarse).
     pub resolution_ns: f64,
+    /// The step the counter is seen to move in ([`counter_step`]; the
+    /// resolution when that finds none), in ns: latency differences
+    /// within it are noise.
+    pub step_ns: f64,
 }
 
 impl Timer {
@@ -272,11 +276,13 @@ impl Timer {
             }
         }
         let step = if step == u64::MAX { 1 } else { step };
+        let coarse = counter_step(&empty).unwrap_or(step).max(step);
         Timer {
             ns_per_tick,
             overhead_ticks: empty[empty.len() / 2],
             overhead_mean_ticks: mean,
             resolution_ns: step as f64 * ns_per_tick,
+            step_ns: coarse as f64 * ns_per_tick,
         }
     }
 
@@ -361,38 +367,40 @@ pub fn percentiles(mut samples: Vec<u32>, timer: &Timer) -> Vec<(&'static str, f
     let raw_mean = kept.iter().map(|&s| s as f64).sum::<f64>() / kept.len() as f64;
     let mean = (raw_mean - timer.overhead_mean_ticks).max(0.0) * timer.ns_per_tick;
     let max = timer.net_ns(samples[samples.len() - 1]);
-    let mut m = vec![
+    vec![
         ("p50_ns", at(0.50)),
         ("p99_ns", at(0.99)),
         ("p999_ns", at(0.999)),
         ("mean_ns", mean),
         ("max_ns", max),
         ("samples", samples.len() as f64),
-    ];
-    if let Some(step) = sample_step(&samples) {
-        m.push(("sample_step_ns", step as f64 * timer.ns_per_tick));
-    }
-    m
+    ]
 }
 
-/// The step in which the common samples (each value at least 1 % of them)
-/// move, in ticks: the smallest gap between two such values (25 ticks, not
-/// 1, on a virtual machine whose counter moves in coarse steps, whatever
-/// the calibration's rare odd reading says). None with fewer than two.
-/// `sorted` must be sorted.
-pub fn sample_step(sorted: &[u32]) -> Option<u32> {
+/// The step in which the counter moves, in ticks, from sorted readings of
+/// empty timed regions: the values that are each at least 1 % of them,
+/// grouped into clusters of neighbours (gaps of at most 2 ticks: jitter),
+/// and the smallest gap between the clusters' first values. On a virtual
+/// machine whose counter moves in steps of ~25 ticks the readings are
+/// e.g. 49, 73 and 74: 24, where the smallest gap between any two
+/// readings says 1. None with a single cluster (a fine counter).
+pub fn counter_step(sorted: &[u64]) -> Option<u64> {
     let common = (sorted.len() / 100).max(1);
-    let mut values = Vec::new();
+    let mut starts: Vec<u64> = Vec::new();
+    let mut last: Option<u64> = None;
     let mut i = 0;
     while i < sorted.len() {
         let v = sorted[i];
         let run = sorted[i..].partition_point(|&x| x == v);
         if run >= common {
-            values.push(v);
+            if last.is_none_or(|l| v - l > 2) {
+                starts.push(v);
+            }
+            last = Some(v);
         }
         i += run;
     }
-    values.windows(2).map(|w| w[1] - w[0]).min()
+    starts.windows(2).map(|w| w[1] - w[0]).min()
 }
 
 /// A stop flag that time-bounded workers poll.

@@ -399,6 +399,7 @@ pub fn latency(p: &Params) {
                 timer.overhead_ticks as f64 * timer.ns_per_tick,
             ),
             ("timer_resolution_ns", timer.resolution_ns),
+            ("timer_step_ns", timer.step_ns),
         ];
         metrics.extend(percentiles(samples, &timer));
         lines.push((op, metrics));
