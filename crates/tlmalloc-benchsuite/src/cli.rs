@@ -41,12 +41,13 @@ Examples:
     max_term_width = 100
 )]
 pub struct Args {
-    /// Short runs, fewer loop sizes, 3 runs (under 3 minutes on 2 cores)
+    /// Short runs, fewer loop sizes, 3 runs (some 5 minutes on 2 cores)
     #[arg(long, overrides_with = "smoke")]
     pub quick: bool,
 
     /// Comma-separated workloads [default: all]: loop, balanced, alloc-heavy, fixed, mixed,
-    /// latency, xthread, migrate, server, churn, fragmentation
+    /// latency, xthread, migrate, server, churn, fragmentation, burst-idle, thread-recreate,
+    /// large-buffers, fresh-tail, cpython
     #[arg(long, value_name = "LIST", value_parser = workload_list)]
     pub workloads: Option<::std::vec::Vec<&'static Workload>>,
 

@@ -211,9 +211,21 @@ fn run_suite(
     let started = Instant::now();
     let date = sysinfo::now_utc();
     let load_at_start = sysinfo::loadavg();
+    let mut skipped_workloads = Vec::new();
     let groups: Vec<(&Workload, usize)> = o
         .workloads
         .iter()
+        .filter(|w| match w.missing() {
+            Some(reason) => {
+                say(&format!("skipping workload {}: {reason}", w.name));
+                skipped_workloads.push(Skipped {
+                    name: w.name.to_string(),
+                    reason,
+                });
+                false
+            }
+            None => true,
+        })
         .flat_map(|w| {
             w.thread_counts(&o.threads)
                 .into_iter()
@@ -318,6 +330,7 @@ fn run_suite(
         machine,
         allocators: allocs.iter().map(|a| a.info.clone()).collect(),
         skipped,
+        skipped_workloads,
         records: collector.finish(),
         failures,
         metrics: Results::metric_table(),

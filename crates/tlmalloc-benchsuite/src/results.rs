@@ -61,6 +61,10 @@ pub struct Results {
     pub machine: Machine,
     pub allocators: Vec<AllocatorInfo>,
     pub skipped: Vec<Skipped>,
+    /// Workloads that could not run on this machine, with the reason
+    /// (`cpython` without `python3`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped_workloads: Vec<Skipped>,
     pub records: Vec<Record>,
     pub failures: Vec<Failure>,
     pub metrics: BTreeMap<String, MetricInfo>,

@@ -8,7 +8,8 @@
 pub enum Budget {
     /// For tests: tiny budgets, figures meaningless.
     Smoke,
-    /// `--quick`: the whole suite in under 3 minutes on 2 cores.
+    /// `--quick`: the whole suite in some 5 minutes on 2 cores (3 runs, short
+    /// measurements, a 0.1 s settle before the RSS after free).
     Quick,
     /// The default: longer runs and every `loop` size.
     Full,
@@ -117,6 +118,55 @@ pub const METRICS: &[Metric] = &[
         unit: "MiB",
         higher_is_better: false,
         divisor: 1024.0,
+    },
+    Metric {
+        key: "rss_after_free_kib",
+        label: "RSS after free",
+        unit: "MiB",
+        higher_is_better: false,
+        divisor: 1024.0,
+    },
+    Metric {
+        key: "rss_freed_kib",
+        label: "RSS at the free",
+        unit: "MiB",
+        higher_is_better: false,
+        divisor: 1024.0,
+    },
+    Metric {
+        key: "rss_idle_500ms_kib",
+        label: "RSS 0.5 s after",
+        unit: "MiB",
+        higher_is_better: false,
+        divisor: 1024.0,
+    },
+    Metric {
+        key: "rss_idle_1s_kib",
+        label: "RSS 1 s after",
+        unit: "MiB",
+        higher_is_better: false,
+        divisor: 1024.0,
+    },
+    Metric {
+        key: "rss_idle_2s_kib",
+        label: "RSS 2 s after",
+        unit: "MiB",
+        higher_is_better: false,
+        divisor: 1024.0,
+    },
+    Metric {
+        key: "rss_idle_5s_kib",
+        label: "RSS 5 s after",
+        unit: "MiB",
+        higher_is_better: false,
+        divisor: 1024.0,
+    },
+    Metric {
+        key: "time_s",
+        label: "time",
+        unit: "s",
+        higher_is_better: false,
+        divisor: 1.0,
     },
     Metric {
         key: "peak_rss_kib",
@@ -230,7 +280,7 @@ pub const WORKLOADS: &[Workload] = &[
     Workload {
         name: "xthread",
         family: Family::CrossThread,
-        about: "producer threads allocate 64-byte blocks and hand them through bounded queues to consumer threads that free them (T/2 of each, at least one); an operation is one block passed and freed.",
+        about: "producer threads allocate 64-byte blocks and hand them through bounded queues to consumer threads that free them (T/2 of each, at least one; xmalloc-test's producer-consumer pattern); an operation is one block passed and freed.",
         threaded: true,
         min_threads: 2,
         headline: &["mops"],
@@ -246,10 +296,10 @@ pub const WORKLOADS: &[Workload] = &[
     Workload {
         name: "server",
         family: Family::CrossThread,
-        about: "`mode=server`: long-lived threads replace random blocks of 8 B–16 KiB in a 2000-block live set, 20 % of the old blocks freed by another thread (with one thread, all freed locally); `mode=larson`: the larson server simulation (1000 blocks of 16–1000 B per client slot, each thread hands its blocks to a successor thread after 10 000 replacements; thread creation is part of it).",
+        about: "`mode=server` (rptest-like): long-lived threads replace random blocks of 8 B–16 KiB in a 2000-block live set, 20 % of the old blocks freed by another thread through its inbox (with one thread, all freed locally); `mode=larson` (the handover churn): the larson server simulation (1000 blocks of 16–1000 B per client slot, each thread replaces blocks of the array it inherited 10 000 times, hands the array to a new successor thread and exits; thread creation is part of it).",
         threaded: true,
         min_threads: 1,
-        headline: &["mops", "p99_ns"],
+        headline: &["mops", "p99_ns", "peak_rss_kib", "rss_after_free_kib"],
     },
     Workload {
         name: "churn",
@@ -267,6 +317,54 @@ pub const WORKLOADS: &[Workload] = &[
         min_threads: 1,
         headline: &["rss_over_live", "rss_over_live_after_free", "peak_rss_kib"],
     },
+    Workload {
+        name: "burst-idle",
+        family: Family::Memory,
+        about: "2 threads allocate 1 GiB in all (256 MiB with --quick), half in blocks of 16 B–2 KiB and half in blocks of 64 KiB–4 MiB, mixed, write every byte, free it all, then idle 5 s (2.5 s with --quick), each thread making one 64-byte malloc/free every 50 ms; the resident set at the free and 0.5, 1, 2 and 5 s after it (the live footprint is then 0), and the burst's time.",
+        threaded: false,
+        min_threads: 2,
+        headline: &[
+            "rss_freed_kib",
+            "rss_idle_500ms_kib",
+            "rss_idle_1s_kib",
+            "rss_idle_2s_kib",
+            "rss_idle_5s_kib",
+            "peak_rss_kib",
+            "time_s",
+        ],
+    },
+    Workload {
+        name: "thread-recreate",
+        family: Family::Memory,
+        about: "T threads re-created 250 times (100 with --quick), each allocating 1000 objects of 16–256 B (1 % of them 100–10 000× larger) into a shared FIFO queue of 1024 objects and freeing the oldest it pushes out, so objects outlive their threads and are freed by others; time, peak RSS, and RSS after the queue is freed.",
+        threaded: true,
+        min_threads: 1,
+        headline: &["time_s", "peak_rss_kib", "rss_after_free_kib"],
+    },
+    Workload {
+        name: "large-buffers",
+        family: Family::Memory,
+        about: "20 live buffers of 5–25 MB (uniform sizes), one replaced at random 2000 times (200 with --quick), every byte of each new buffer written (non-zero); time and peak RSS.",
+        threaded: false,
+        min_threads: 1,
+        headline: &["time_s", "peak_rss_kib", "rss_after_free_kib"],
+    },
+    Workload {
+        name: "fresh-tail",
+        family: Family::Latency,
+        about: "500 000 `malloc(64)` per thread with no frees, each timed alone (TSC, timer overhead subtracted): the heap only grows, so every page, segment or mapping the allocator takes shows in the tail.",
+        threaded: true,
+        min_threads: 1,
+        headline: &["p50_ns", "p99_ns", "p999_ns", "max_ns"],
+    },
+    Workload {
+        name: "cpython",
+        family: Family::Throughput,
+        about: "`python3` with `PYTHONMALLOC=malloc` (every object through malloc) builds a dict of 2 million entries (100 000 with --quick), dumps it to JSON, loads it, sorts the keys and frees it all; the script's time (not the interpreter's start), its peak RSS and its RSS after freeing. Skipped without `python3`.",
+        threaded: false,
+        min_threads: 1,
+        headline: &["time_s", "peak_rss_kib", "rss_after_free_kib"],
+    },
 ];
 
 /// The workload called `name`.
@@ -281,7 +379,7 @@ impl Workload {
     /// The thread counts it runs at, from the requested ones.
     pub fn thread_counts(&self, requested: &[usize]) -> Vec<usize> {
         if !self.threaded {
-            return vec![1];
+            return vec![self.min_threads];
         }
         let mut counts: Vec<usize> = Vec::new();
         for &t in requested {
@@ -330,9 +428,41 @@ impl Workload {
                 pick(2_000, 200_000, 1_000_000).to_string(),
             ]),
             "server" => args.extend(["--lifetime".into(), pick(1_000, 10_000, 10_000).to_string()]),
+            "burst-idle" => args.extend([
+                "--bytes".into(),
+                pick(8 << 20, 256 << 20, 1 << 30).to_string(),
+                "--idle-ms".into(),
+                pick(600, 2_500, 5_000).to_string(),
+            ]),
+            "thread-recreate" => {
+                args.extend(["--generations".into(), pick(4, 100, 250).to_string()])
+            }
+            "large-buffers" => {
+                args.extend(["--replacements".into(), pick(4, 200, 2_000).to_string()])
+            }
+            "fresh-tail" => args.extend([
+                "--samples".into(),
+                pick(5_000, 500_000, 500_000).to_string(),
+            ]),
+            "cpython" => args.extend([
+                "--entries".into(),
+                pick(2_000, 100_000, 2_000_000).to_string(),
+            ]),
             _ => {}
         }
+        args.extend(["--settle-ms".into(), settle_ms(budget).to_string()]);
         args
+    }
+
+    /// Why it cannot run on this machine, if it cannot (`cpython` without
+    /// `python3` on `PATH`).
+    pub fn missing(&self) -> Option<String> {
+        if self.name != "cpython" {
+            return None;
+        }
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let found = std::env::split_paths(&path).any(|d| d.join("python3").is_file());
+        (!found).then(|| "python3 is not on PATH".to_string())
     }
 
     /// Roughly how long one run takes (ms), for the progress bar's ETA.
@@ -356,9 +486,22 @@ impl Workload {
                 "latency" => pick_u64(budget, 10, 60, 250) * t.min(4),
                 "churn" => pick_u64(budget, 10, 200, 1000) * t.min(4) / t.min(2),
                 "fragmentation" => pick_u64(budget, 10, 150, 700),
+                "burst-idle" => pick_u64(budget, 650, 2_900, 6_500),
+                "thread-recreate" => pick_u64(budget, 10, 150, 400) * t.min(2),
+                "large-buffers" => pick_u64(budget, 30, 1_200, 12_000),
+                "fresh-tail" => pick_u64(budget, 10, 120, 120) * t.min(2),
+                "cpython" => pick_u64(budget, 150, 1_500, 25_000),
                 _ => ms + 30,
             }
+            + settle_ms(budget)
     }
+}
+
+/// The settle before `rss_after_free_kib` is read, at a budget: 0.5 s in
+/// the full run; 0.1 s with --quick (a settle per process, some 500
+/// processes: 0.5 s would double the quick run).
+pub fn settle_ms(budget: Budget) -> u64 {
+    pick_u64(budget, 10, 100, 500)
 }
 
 fn pick_u64(budget: Budget, smoke: u64, quick: u64, full: u64) -> u64 {
@@ -382,7 +525,7 @@ mod tests {
                 assert_eq!(metric(h).key, *h, "{h} is not in METRICS");
             }
         }
-        assert_eq!(WORKLOADS.len(), 11);
+        assert_eq!(WORKLOADS.len(), 16);
         assert!(find("nope").is_none());
     }
 
@@ -395,6 +538,8 @@ mod tests {
             find("fragmentation").unwrap().thread_counts(&[1, 2, 8]),
             [1]
         );
+        // burst-idle: always its two threads.
+        assert_eq!(find("burst-idle").unwrap().thread_counts(&[1, 4]), [2]);
     }
 
     #[test]
@@ -411,7 +556,14 @@ mod tests {
         for w in WORKLOADS {
             for b in [Budget::Smoke, Budget::Quick, Budget::Full] {
                 assert!(w.estimate_ms(b, None, 2) > 0);
+                let args = w.args(b, None);
+                let settle = args.iter().position(|a| a == "--settle-ms").unwrap();
+                assert_eq!(args[settle + 1], settle_ms(b).to_string());
             }
         }
+        let b = find("burst-idle").unwrap().args(Budget::Quick, None);
+        assert!(b.windows(2).any(|w| w == ["--bytes", "268435456"]), "{b:?}");
+        assert!(b.windows(2).any(|w| w == ["--idle-ms", "2500"]), "{b:?}");
+        assert!(find("fixed").unwrap().missing().is_none());
     }
 }

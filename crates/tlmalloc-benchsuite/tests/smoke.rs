@@ -147,9 +147,18 @@ fn one_tiny_workload_under_tlmalloc_and_glibc() {
         let runs = r["runs"].as_array().unwrap();
         assert_eq!(runs.len(), 2, "every run's raw figures");
         for run in runs {
-            for key in ["mops", "ops", "seconds", "peak_rss_kib", "rss_kib"] {
+            for key in [
+                "mops",
+                "ops",
+                "seconds",
+                "peak_rss_kib",
+                "rss_kib",
+                "rss_after_free_kib",
+                "rss_base_kib",
+            ] {
                 assert!(run[key].as_f64().unwrap() > 0.0, "{key} in {run}");
             }
+            assert_eq!(run["settle_ms"], 10.0, "the smoke budget's settle");
         }
         let s = &r["summary"]["mops"];
         let (median, min, max) = (
@@ -178,4 +187,62 @@ fn one_tiny_workload_under_tlmalloc_and_glibc() {
         assert!(svg.starts_with("<svg"));
     }
     let _ = std::fs::remove_dir_all(&out);
+}
+
+/// Every workload at the smoke budget, under the C library's malloc: it
+/// runs, and every result line has the memory figures of every workload
+/// (peak RSS, RSS at the end, RSS after freeing and its settle) and the
+/// workload's headline figures.
+#[test]
+fn every_workload_reports_its_headline_and_memory_figures() {
+    use tlmalloc_benchsuite::runner::parse_results;
+    use tlmalloc_benchsuite::workloads::{Budget, WORKLOADS};
+    for w in WORKLOADS {
+        if let Some(reason) = w.missing() {
+            eprintln!("SKIPPED {}: {reason}", w.name);
+            continue;
+        }
+        let threads = w.thread_counts(&[2])[0];
+        let out = Command::new(env!("CARGO_BIN_EXE_tlmalloc-workload"))
+            .arg(w.name)
+            .args(w.args(Budget::Smoke, None))
+            .args(["--threads", &threads.to_string()])
+            .env_remove("LD_PRELOAD")
+            .output()
+            .expect("run tlmalloc-workload");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{} failed ({}): {}",
+            w.name,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lines = parse_results(&stdout).unwrap();
+        assert!(!lines.is_empty(), "{}: no RESULT line", w.name);
+        for line in &lines {
+            assert_eq!(line.workload, w.name);
+            assert_eq!(line.threads, threads, "{}", w.name);
+            let m = &line.metrics;
+            for key in ["peak_rss_kib", "rss_kib", "rss_after_free_kib", "settle_ms"] {
+                assert!(m.contains_key(key), "{}: no {key} in {m:?}", w.name);
+            }
+            assert!(m["rss_after_free_kib"] > 0.0 && m["peak_rss_kib"] > 0.0);
+        }
+        for key in w.headline {
+            // Some figures are on only some lines (larson has no p99; 5 s
+            // after the burst is past the smoke budget's idle).
+            if matches!(
+                *key,
+                "p99_ns" | "rss_idle_1s_kib" | "rss_idle_2s_kib" | "rss_idle_5s_kib"
+            ) {
+                continue;
+            }
+            assert!(
+                lines.iter().any(|l| l.metrics.contains_key(*key)),
+                "{}: headline {key} missing",
+                w.name
+            );
+        }
+    }
 }

@@ -9,7 +9,9 @@
 //! ```text
 //! tlmalloc-workload WORKLOAD [--threads T] [--ms MS] [--ops N] [--samples N]
 //!                   [--blocks N] [--count N] [--lifetime N] [--sizes LIST]
-//!                   [--modes LIST] [--seed N]
+//!                   [--modes LIST] [--seed N] [--settle-ms MS] [--bytes SIZE]
+//!                   [--idle-ms MS] [--generations N] [--replacements N]
+//!                   [--entries N]
 //! tlmalloc-workload probe          # which malloc is in use, and its version
 //! tlmalloc-workload pair SIZE ITERS  # callgrind loop (SIZE 0: the empty loop)
 //! ```
@@ -22,6 +24,7 @@
 //! The command line is clap's: each workload is a subcommand taking every
 //! option (`tlmalloc-workload help`, `tlmalloc-workload WORKLOAD --help`).
 
+mod memory;
 mod sys;
 mod workloads;
 
@@ -52,6 +55,19 @@ pub struct Params {
     /// Sub-workloads (`server`: server, larson).
     pub modes: Vec<String>,
     pub seed: u64,
+    /// The idle time after everything is freed, before the resident set
+    /// is read (`rss_after_free_kib`, every workload).
+    pub settle_ms: u64,
+    /// Bytes allocated in all (`burst-idle`).
+    pub bytes: usize,
+    /// The idle time after the burst (`burst-idle`).
+    pub idle_ms: u64,
+    /// Thread generations (`thread-recreate`).
+    pub generations: u64,
+    /// Buffer replacements (`large-buffers`).
+    pub replacements: u64,
+    /// Dict entries (`cpython`).
+    pub entries: u64,
 }
 
 impl Params {
@@ -175,6 +191,16 @@ enum Cmd {
     Churn(Opts),
     /// Many small blocks (--blocks), 90 % freed, then larger ones; RSS over live bytes
     Fragmentation(Opts),
+    /// A burst of --bytes in small and large blocks, all freed, then --idle-ms idle; RSS over time
+    BurstIdle(Opts),
+    /// --generations of T threads passing objects through a shared queue; RSS and time
+    ThreadRecreate(Opts),
+    /// 20 live buffers of 5–25 MB, one replaced at random --replacements times; RSS and time
+    LargeBuffers(Opts),
+    /// --samples timed malloc(64) per thread with no frees; latency percentiles and maximum
+    FreshTail(Opts),
+    /// python3 (PYTHONMALLOC=malloc): a dict of --entries, to JSON and back, keys sorted
+    Cpython(Opts),
     /// Print which malloc is in use, and its version
     Probe,
     /// The loop for valgrind --tool=callgrind: ITERS malloc+free pairs of SIZE bytes, no timing
@@ -203,7 +229,7 @@ struct Opts {
     /// Operations in all threads together (mixed)
     #[arg(long, value_name = "N", default_value = "10_000_000", value_parser = at_least::<1>)]
     ops: u64,
-    /// Samples per thread and per operation kind (latency)
+    /// Samples per thread and per operation kind (latency; fresh-tail: mallocs per thread)
     #[arg(long, value_name = "N", default_value = "1_000_000", value_parser = at_least::<1>)]
     samples: u64,
     /// Blocks of the first phase (fragmentation; at least 10)
@@ -226,6 +252,24 @@ struct Opts {
     /// Seed of the random numbers
     #[arg(long, value_name = "N", default_value_t = 42, value_parser = num)]
     seed: u64,
+    /// Idle time after everything is freed, before the resident set is read (every workload)
+    #[arg(long, value_name = "MS", default_value_t = 500, value_parser = num)]
+    settle_ms: u64,
+    /// Bytes allocated in all, with an optional K, M or G suffix (burst-idle)
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = size)]
+    bytes: usize,
+    /// Idle time after the burst is freed (burst-idle)
+    #[arg(long, value_name = "MS", default_value_t = 5000, value_parser = num)]
+    idle_ms: u64,
+    /// Thread generations (thread-recreate)
+    #[arg(long, value_name = "N", default_value_t = 250, value_parser = at_least::<1>)]
+    generations: u64,
+    /// Buffer replacements (large-buffers)
+    #[arg(long, value_name = "N", default_value = "2_000", value_parser = at_least::<1>)]
+    replacements: u64,
+    /// Dict entries (cpython)
+    #[arg(long, value_name = "N", default_value = "2_000_000", value_parser = at_least::<1>)]
+    entries: u64,
 }
 
 impl From<Opts> for Params {
@@ -241,6 +285,12 @@ impl From<Opts> for Params {
             sizes: o.sizes.unwrap_or_else(workloads::loop_sizes),
             modes: o.modes,
             seed: o.seed,
+            settle_ms: o.settle_ms,
+            bytes: o.bytes,
+            idle_ms: o.idle_ms,
+            generations: o.generations,
+            replacements: o.replacements,
+            entries: o.entries,
         }
     }
 }
@@ -269,6 +319,11 @@ fn main() {
         Cmd::Server(o) => (workloads::server, o),
         Cmd::Churn(o) => (workloads::churn, o),
         Cmd::Fragmentation(o) => (workloads::fragmentation, o),
+        Cmd::BurstIdle(o) => (memory::burst_idle, o),
+        Cmd::ThreadRecreate(o) => (memory::thread_recreate, o),
+        Cmd::LargeBuffers(o) => (memory::large_buffers, o),
+        Cmd::FreshTail(o) => (memory::fresh_tail, o),
+        Cmd::Cpython(o) => (memory::cpython, o),
     };
     // Which malloc this process really has: the driver checks it (a
     // preload the dynamic linker could not load is only a warning to it).
@@ -319,6 +374,11 @@ mod tests {
         );
         assert_eq!(p.sizes, workloads::loop_sizes());
         assert_eq!(p.modes, ["server", "larson"]);
+        assert_eq!((p.settle_ms, p.bytes, p.idle_ms), (500, 1 << 30, 5000));
+        assert_eq!(
+            (p.generations, p.replacements, p.entries),
+            (250, 2000, 2_000_000)
+        );
         let p = opts(&[
             "--threads",
             "0",
@@ -334,6 +394,10 @@ mod tests {
             "larson",
             "--seed",
             "7",
+            "--bytes",
+            "256M",
+            "--settle-ms",
+            "0",
             "--ms",
             "20",
         ])
@@ -344,6 +408,7 @@ mod tests {
         );
         assert_eq!(p.sizes, [16, 4096, 1 << 20]);
         assert_eq!(p.modes, ["larson"]);
+        assert_eq!((p.bytes, p.settle_ms), (256 << 20, 0));
         for bad in [
             &["--sizes", "0"][..],
             &["--sizes", ","],

@@ -132,6 +132,73 @@ pub fn rss_kib() -> (u64, u64) {
     (rss, hwm.max(rss))
 }
 
+/// Resident set now in KiB, from /proc/self/statm (cheaper than
+/// /proc/self/status, for sampling); [`rss_kib`]'s VmRSS where statm
+/// cannot be read.
+pub fn rss_now_kib() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok();
+    let pages = statm
+        .as_deref()
+        .and_then(|t| t.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok());
+    match pages {
+        Some(pages) => pages * page_size() / 1024,
+        None => rss_kib().0,
+    }
+}
+
+/// The page size in bytes.
+pub fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if size > 0 {
+        size as u64
+    } else {
+        4096
+    }
+}
+
+/// How often an idle thread makes its one small allocation.
+pub const IDLE_TICK: Duration = Duration::from_millis(50);
+
+/// What an idle thread of a program does now and then: one small malloc,
+/// touched, and its free (so that an allocator that returns memory from
+/// its own calls, when a delay has passed, gets the chance).
+#[inline(never)]
+pub fn idle_tick() {
+    let q = alloc(64);
+    touch(q, 1);
+    // SAFETY: allocated just above, freed once.
+    unsafe { dealloc(q) };
+}
+
+/// Idle until `deadline`, an [`idle_tick`] every [`IDLE_TICK`] (the first
+/// one at once).
+pub fn idle_until(deadline: Instant) {
+    loop {
+        idle_tick();
+        let now = Instant::now();
+        if now >= deadline {
+            return;
+        }
+        std::thread::sleep(IDLE_TICK.min(deadline - now));
+    }
+}
+
+/// The settle after a workload has freed everything it allocated: idle
+/// for `ms` on the calling thread (an [`idle_tick`] every 50 ms), then the
+/// resident set in KiB. The figures every workload adds to its result
+/// line(s): `rss_after_free_kib` (that resident set), `settle_ms`, and
+/// `rss_base_kib` (the resident set before the workload, `base`).
+pub fn settle(ms: u64, base: u64) -> [(&'static str, f64); 3] {
+    idle_until(Instant::now() + Duration::from_millis(ms));
+    [
+        ("rss_after_free_kib", rss_now_kib() as f64),
+        ("settle_ms", ms as f64),
+        ("rss_base_kib", base as f64),
+    ]
+}
+
 /// Reset the peak resident set (VmHWM) to the current one, so the next
 /// [`rss_kib`] reports the peak of one measurement (Linux >= 4.0:
 /// `echo 5 > /proc/self/clear_refs`). False where that is not allowed; the
@@ -173,6 +240,10 @@ pub struct Timer {
     /// The smallest non-zero step the counter was seen to take, in ns
     /// (10 ns on some virtual machines: single samples are that coarse).
     pub resolution_ns: f64,
+    /// The step the counter is seen to move in ([`counter_step`]; the
+    /// resolution when that finds none), in ns: latency differences
+    /// within it are noise.
+    pub step_ns: f64,
 }
 
 impl Timer {
@@ -205,11 +276,13 @@ impl Timer {
             }
         }
         let step = if step == u64::MAX { 1 } else { step };
+        let coarse = counter_step(&empty).unwrap_or(step).max(step);
         Timer {
             ns_per_tick,
             overhead_ticks: empty[empty.len() / 2],
             overhead_mean_ticks: mean,
             resolution_ns: step as f64 * ns_per_tick,
+            step_ns: coarse as f64 * ns_per_tick,
         }
     }
 
@@ -302,6 +375,32 @@ pub fn percentiles(mut samples: Vec<u32>, timer: &Timer) -> Vec<(&'static str, f
         ("max_ns", max),
         ("samples", samples.len() as f64),
     ]
+}
+
+/// The step in which the counter moves, in ticks, from sorted readings of
+/// empty timed regions: the values that are each at least 1 % of them,
+/// grouped into clusters of neighbours (gaps of at most 2 ticks: jitter),
+/// and the smallest gap between the clusters' first values. On a virtual
+/// machine whose counter moves in steps of ~25 ticks the readings are
+/// e.g. 49, 73 and 74: 24, where the smallest gap between any two
+/// readings says 1. None with a single cluster (a fine counter).
+pub fn counter_step(sorted: &[u64]) -> Option<u64> {
+    let common = (sorted.len() / 100).max(1);
+    let mut starts: Vec<u64> = Vec::new();
+    let mut last: Option<u64> = None;
+    let mut i = 0;
+    while i < sorted.len() {
+        let v = sorted[i];
+        let run = sorted[i..].partition_point(|&x| x == v);
+        if run >= common {
+            if last.is_none_or(|l| v - l > 2) {
+                starts.push(v);
+            }
+            last = Some(v);
+        }
+        i += run;
+    }
+    starts.windows(2).map(|w| w[1] - w[0]).min()
 }
 
 /// A stop flag that time-bounded workers poll.

@@ -10,6 +10,11 @@
 //! - `peak_rss_kib`: peak resident set of the measurement (VmHWM, reset
 //!   before it with /proc/self/clear_refs where allowed).
 //! - `rss_kib`: resident set at the end of the measurement, before cleanup.
+//! - `rss_after_free_kib`: resident set once the workload has freed
+//!   everything it allocated and its threads have ended, after a settle of
+//!   `settle_ms` (`--settle-ms`) in which the main thread idles but for one
+//!   small malloc/free every 50 ms; `rss_base_kib`: the resident set before
+//!   the workload allocated anything (see [`settle`]).
 //! - `p50_ns`, `p99_ns`, `p999_ns`, `mean_ns`, `samples`: latency of one
 //!   operation (sampled), timer overhead subtracted.
 
@@ -22,8 +27,8 @@ use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use crate::sys::{
-    alloc, backoff, dealloc, log_uniform_sizes, percentiles, reset_peak_rss, rss_kib, run_threads,
-    stopped, ticks, touch, Blocks, Rng, Sampler, Timer,
+    alloc, backoff, dealloc, log_uniform_sizes, percentiles, reset_peak_rss, rss_kib, rss_now_kib,
+    run_threads, settle, stopped, ticks, touch, Blocks, Rng, Sampler, Timer,
 };
 use crate::{emit, Params};
 
@@ -39,7 +44,7 @@ pub fn loop_sizes() -> Vec<usize> {
     sizes
 }
 
-fn mops(ops: u64, secs: f64) -> f64 {
+pub fn mops(ops: u64, secs: f64) -> f64 {
     if secs > 0.0 {
         ops as f64 / secs / 1e6
     } else {
@@ -80,6 +85,8 @@ fn concat(parts: impl IntoIterator<Item = Vec<u32>>) -> Vec<u32> {
 /// for `ms` each. An operation is one malloc+free pair.
 pub fn loop_(p: &Params) {
     let timer = Timer::calibrate();
+    let base = rss_now_kib();
+    let mut lines = Vec::with_capacity(p.sizes.len());
     for &size in &p.sizes {
         reset_peak_rss();
         let chunk: u64 = if size > 64 << 10 { 8 } else { 256 };
@@ -105,12 +112,14 @@ pub fn loop_(p: &Params) {
         );
         let ops = outs.iter().map(|o| o.0).sum();
         let samples = concat(outs.into_iter().map(|o| o.1));
-        emit(
-            "loop",
-            p.threads,
-            &format!("size={size}"),
-            &standard_metrics(ops, secs, samples, &timer),
-        );
+        lines.push((size, standard_metrics(ops, secs, samples, &timer)));
+    }
+    // One settle after every size (one per size would cost more than the
+    // sizes themselves): the same figure on each size's line.
+    let after = settle(p.settle_ms, base);
+    for (size, mut metrics) in lines {
+        metrics.extend(after);
+        emit("loop", p.threads, &format!("size={size}"), &metrics);
     }
 }
 
@@ -124,6 +133,7 @@ const BALANCED: [usize; 14] = [256, 128, 80, 80, 80, 80, 48, 48, 48, 48, 48, 48,
 /// 4th operation also four random 1–32 KiB blocks, freed LIFO.
 pub fn balanced(p: &Params) {
     let timer = Timer::calibrate();
+    let base = rss_now_kib();
     reset_peak_rss();
     let (outs, secs) = run_threads(
         p.threads,
@@ -177,12 +187,9 @@ pub fn balanced(p: &Params) {
     );
     let ops = outs.iter().map(|o| o.0).sum();
     let samples = concat(outs.into_iter().map(|o| o.1));
-    emit(
-        "balanced",
-        p.threads,
-        "",
-        &standard_metrics(ops, secs, samples, &timer),
-    );
+    let mut metrics = standard_metrics(ops, secs, samples, &timer);
+    metrics.extend(settle(p.settle_ms, base));
+    emit("balanced", p.threads, "", &metrics);
 }
 
 // ---------------------------------------------------------------- alloc-heavy
@@ -193,6 +200,7 @@ pub fn balanced(p: &Params) {
 pub fn alloc_heavy(p: &Params) {
     const N: usize = 4096;
     let timer = Timer::calibrate();
+    let base = rss_now_kib();
     reset_peak_rss();
     let (outs, secs) = run_threads(
         p.threads,
@@ -216,12 +224,9 @@ pub fn alloc_heavy(p: &Params) {
         },
     );
     let ops = outs.iter().sum();
-    emit(
-        "alloc-heavy",
-        p.threads,
-        "",
-        &standard_metrics(ops, secs, Vec::new(), &timer),
-    );
+    let mut metrics = standard_metrics(ops, secs, Vec::new(), &timer);
+    metrics.extend(settle(p.settle_ms, base));
+    emit("alloc-heavy", p.threads, "", &metrics);
 }
 
 // ---------------------------------------------------------------- fixed
@@ -231,6 +236,7 @@ pub fn alloc_heavy(p: &Params) {
 pub fn fixed(p: &Params) {
     const N: usize = 256;
     let timer = Timer::calibrate();
+    let base = rss_now_kib();
     reset_peak_rss();
     let (outs, secs) = run_threads(
         p.threads,
@@ -256,10 +262,11 @@ pub fn fixed(p: &Params) {
         },
     );
     let ops = outs.iter().map(|o| o.0).sum();
-    let metrics = standard_metrics(ops, secs, Vec::new(), &timer);
+    let mut metrics = standard_metrics(ops, secs, Vec::new(), &timer);
     for (_, blocks) in outs {
         blocks.free_all();
     }
+    metrics.extend(settle(p.settle_ms, base));
     emit("fixed", p.threads, "", &metrics);
 }
 
@@ -274,6 +281,7 @@ pub fn mixed(p: &Params) {
     const TABLE: usize = 1 << 16;
     let timer = Timer::calibrate();
     let per_thread = (p.ops / p.threads as u64).max(1);
+    let base = rss_now_kib();
     reset_peak_rss();
     let (outs, secs) = run_threads(
         p.threads,
@@ -320,8 +328,9 @@ pub fn mixed(p: &Params) {
         samples.extend(s);
         blocks.push(b);
     }
-    let metrics = standard_metrics(ops, secs, samples, &timer);
+    let mut metrics = standard_metrics(ops, secs, samples, &timer);
     blocks.into_iter().for_each(Blocks::free_all);
+    metrics.extend(settle(p.settle_ms, base));
     emit("mixed", p.threads, "", &metrics);
 }
 
@@ -334,6 +343,7 @@ pub fn latency(p: &Params) {
     const BATCH: usize = 256;
     let timer = Timer::calibrate();
     let rounds = (p.samples as usize).div_ceil(BATCH).max(1);
+    let base = rss_now_kib();
     reset_peak_rss();
     let (outs, _secs) = run_threads(
         p.threads,
@@ -379,6 +389,7 @@ pub fn latency(p: &Params) {
         mallocs.extend(m);
         frees.extend(f);
     }
+    let mut lines = Vec::new();
     for (op, samples) in [("malloc", mallocs), ("free", frees)] {
         let mut metrics = vec![
             ("rss_kib", rss as f64),
@@ -388,8 +399,15 @@ pub fn latency(p: &Params) {
                 timer.overhead_ticks as f64 * timer.ns_per_tick,
             ),
             ("timer_resolution_ns", timer.resolution_ns),
+            ("timer_step_ns", timer.step_ns),
         ];
         metrics.extend(percentiles(samples, &timer));
+        lines.push((op, metrics));
+    }
+    // Both lines come from one process: one settle, on both.
+    let after = settle(p.settle_ms, base);
+    for (op, mut metrics) in lines {
+        metrics.extend(after);
         emit("latency", p.threads, &format!("op={op}"), &metrics);
     }
 }
@@ -595,6 +613,7 @@ pub fn xthread(p: &Params) {
     let threads = p.threads.max(2);
     let producers = threads / 2;
     let consumers = threads - producers;
+    let base = rss_now_kib();
     let rings: Vec<Ring> = (0..producers).map(|_| Ring::new(4096)).collect();
     let timer = Timer::calibrate();
     reset_peak_rss();
@@ -684,6 +703,8 @@ pub fn xthread(p: &Params) {
     let mut metrics = standard_metrics(ops, secs, Vec::new(), &timer);
     metrics.push(("producers", producers as f64));
     metrics.push(("consumers", consumers as f64));
+    drop(rings);
+    metrics.extend(settle(p.settle_ms, base));
     emit("xthread", threads, "", &metrics);
 }
 
@@ -701,6 +722,7 @@ const HOPS: usize = 8;
 /// not a backlog. An operation is one object allocated, passed and freed.
 pub fn migrate(p: &Params) {
     let threads = p.threads.max(2);
+    let base = rss_now_kib();
     let inboxes: Vec<Inbox> = (0..threads).map(|_| Inbox::new()).collect();
     let drained = Barrier::new(threads);
     let in_flight = Padded(AtomicI64::new(0));
@@ -768,12 +790,10 @@ pub fn migrate(p: &Params) {
         },
     );
     let ops = outs.iter().sum();
-    emit(
-        "migrate",
-        threads,
-        "",
-        &standard_metrics(ops, secs, Vec::new(), &timer),
-    );
+    let mut metrics = standard_metrics(ops, secs, Vec::new(), &timer);
+    drop(inboxes);
+    metrics.extend(settle(p.settle_ms, base));
+    emit("migrate", threads, "", &metrics);
 }
 
 // ---------------------------------------------------------------- server
@@ -805,6 +825,7 @@ fn server_mode(p: &Params) {
     const SLOTS: usize = 2000;
     const TABLE: usize = 1 << 16;
     let threads = p.threads;
+    let base = rss_now_kib();
     let inboxes: Vec<Inbox> = (0..threads).map(|_| Inbox::new()).collect();
     let drained = Barrier::new(threads);
     let timer = Timer::calibrate();
@@ -872,8 +893,10 @@ fn server_mode(p: &Params) {
         samples.extend(s);
         blocks.push(b);
     }
-    let metrics = standard_metrics(ops, secs, samples, &timer);
+    let mut metrics = standard_metrics(ops, secs, samples, &timer);
     blocks.into_iter().for_each(Blocks::free_all);
+    drop(inboxes);
+    metrics.extend(settle(p.settle_ms, base));
     emit("server", threads, "mode=server", &metrics);
 }
 
@@ -917,6 +940,7 @@ fn larson_thread(mut blocks: Blocks, mut rng: Rng, lifetime: u64) -> Step {
 fn larson(p: &Params) {
     const BLOCKS: usize = 1000;
     let timer = Timer::calibrate();
+    let base = rss_now_kib();
     LARSON_STOP.store(false, Ordering::Relaxed);
     LARSON_OPS.store(0, Ordering::Relaxed);
     LARSON_THREADS.store(0, Ordering::Relaxed);
@@ -964,6 +988,7 @@ fn larson(p: &Params) {
         LARSON_THREADS.load(Ordering::Relaxed) as f64,
     ));
     left.into_iter().for_each(Blocks::free_all);
+    metrics.extend(settle(p.settle_ms, base));
     emit("server", p.threads, "mode=larson", &metrics);
 }
 
@@ -985,7 +1010,7 @@ pub fn churn(p: &Params) {
         .map(|_| std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())))
         .collect();
     let rounds = p.count.div_ceil(t as u64);
-    let (base, _) = rss_kib();
+    let base = rss_now_kib();
     reset_peak_rss();
     let start = Instant::now();
     for round in 0..rounds {
@@ -1032,20 +1057,17 @@ pub fn churn(p: &Params) {
         }
     }
     let created = rounds * t as u64;
-    emit(
-        "churn",
-        t,
-        "",
-        &[
-            ("threads_per_sec", created as f64 / secs),
-            ("threads_created", created as f64),
-            ("seconds", secs),
-            ("rss_kib", rss as f64),
-            ("rss_base_kib", base as f64),
-            ("rss_growth_kib", rss.saturating_sub(base) as f64),
-            ("peak_rss_kib", peak as f64),
-        ],
-    );
+    let mut metrics = vec![
+        ("threads_per_sec", created as f64 / secs),
+        ("threads_created", created as f64),
+        ("seconds", secs),
+        ("rss_kib", rss as f64),
+        ("rss_growth_kib", rss.saturating_sub(base) as f64),
+        ("peak_rss_kib", peak as f64),
+    ];
+    drop(batons);
+    metrics.extend(settle(p.settle_ms, base));
+    emit("churn", t, "", &metrics);
 }
 
 // ---------------------------------------------------------------- fragmentation
@@ -1068,7 +1090,7 @@ pub fn fragmentation(p: &Params) {
     let mut ptrs = vec![ptr::null_mut::<u8>(); n];
     // Enough room for the third phase's blocks (each at least 1 KiB).
     let mut bigs: Vec<*mut u8> = Vec::with_capacity((live1 / 1024) as usize + 1);
-    let base = rss_kib().0;
+    let base = rss_now_kib();
     reset_peak_rss();
     let start = Instant::now();
 
@@ -1105,14 +1127,13 @@ pub fn fragmentation(p: &Params) {
     let (rss3, peak) = rss_kib();
     let over = |rss: u64, live: u64| rss.saturating_sub(base) as f64 * 1024.0 / live.max(1) as f64;
     let ops = (n + freed + bigs.len()) as u64;
-    let metrics = [
+    let mut metrics = vec![
         ("rss_over_live", over(rss3, live)),
         ("rss_over_live_after_free", over(rss2, live2)),
         ("rss_over_live_first_phase", over(rss1, live1)),
         ("live_bytes", live as f64),
         ("rss_kib", rss3 as f64),
-        ("rss_after_free_kib", rss2 as f64),
-        ("rss_base_kib", base as f64),
+        ("rss_after_90pct_freed_kib", rss2 as f64),
         ("peak_rss_kib", peak as f64),
         ("mops", mops(ops, secs)),
         ("ops", ops as f64),
@@ -1124,6 +1145,8 @@ pub fn fragmentation(p: &Params) {
             unsafe { dealloc(q) };
         }
     }
+    drop((small, order, big_sizes));
+    metrics.extend(settle(p.settle_ms, base));
     emit("fragmentation", 1, "", &metrics);
 }
 
