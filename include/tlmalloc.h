@@ -38,6 +38,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The version of this header; tl_version() returns the library's as
+ * "MAJOR.MINOR.PATCH". The library's SONAME is libtlmalloc.so.MAJOR: a
+ * program linked with -ltlmalloc loads any library of the same major. */
+#define TLMALLOC_VERSION_MAJOR 0
+#define TLMALLOC_VERSION_MINOR 1
+#define TLMALLOC_VERSION_PATCH 0
+
 #ifdef __cplusplus
 extern "C" {
 #endif

@@ -19,10 +19,10 @@
 //! Rules every exported function follows:
 //! - **It never allocates** (no `alloc`, no `std` collections or formatting
 //!   into `String`): it runs inside `malloc` itself.
-//! - **It aims never to panic** (the panic sites the core still has on
-//!   allocation paths are being audited away): a panic inside `malloc` can
-//!   only abort (`panic = "abort"`), and today it would first run std's
-//!   panic hook.
+//! - **It never panics**: every panic site reachable from an allocation
+//!   path is ruled out by an invariant written next to it; were one to fire
+//!   anyway, the library's own panic handler writes `tlmalloc: internal
+//!   error at FILE:LINE` and aborts (no std, no unwinding).
 //! - **errno** is set to `ENOMEM` exactly when an allocation fails, and left
 //!   untouched on success (`posix_memalign` saves and restores it, since the
 //!   OS calls of the slow path may set it even when they succeed).
@@ -42,17 +42,30 @@
 #![no_std]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-// The standard library is linked only for its panic handler (the core's
-// unreachable `expect`s and bounds checks reference one) and, in builds with
-// panic=unwind, for the unwinding runtime. Nothing here allocates. The
-// handler's thread-locals are why the library's TLS segment is 24 bytes
-// (`readelf -lW libtlmalloc.so`: std's 16 around tlmalloc's own 8): all of
-// it static TLS, reserved once per thread
-// by the loader; only tlmalloc's slot is read on the hot paths (initial-exec,
-// no `__tls_get_addr`). A `#![no_std]` library with its own panic handler
-// would have 8 bytes, but the core's `std` feature (which other workspace
-// members enable, and Cargo unifies) would then link a second handler.
+// No std in the shipped library (`panic = "abort"` in every profile that
+// builds it): a panic, which every site on an allocation path rules out by
+// an invariant, prints one line and aborts; there is no unwinding runtime,
+// no backtrace symbolizer and no libgcc_s. Only `cargo test`, which builds
+// everything with panic=unwind, links std for its unwinding runtime.
+#[cfg(panic = "unwind")]
 extern crate std;
+
+/// `tlmalloc: internal error at FILE:LINE`, then abort: written with the
+/// core's fixed-buffer writer, so a panic inside `malloc` never allocates.
+#[cfg(panic = "abort")]
+#[panic_handler]
+fn on_panic(info: &core::panic::PanicInfo<'_>) -> ! {
+    let (file, line) = info
+        .location()
+        .map_or(("?", 0), |at| (at.file(), at.line()));
+    tlmalloc_core::internal_error_at(file, line)
+}
+
+/// Rust code inside the library allocates nothing, but a workspace build
+/// that unifies features (`cargo clippy --all-targets`) may link `alloc`
+/// through a dependency, which then needs a global allocator: tlmalloc.
+#[global_allocator]
+static RUST_ALLOCATIONS: tlmalloc_core::TlMalloc = tlmalloc_core::TlMalloc;
 
 pub mod cabi;
 pub mod cxx;

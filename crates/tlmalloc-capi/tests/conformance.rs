@@ -208,7 +208,8 @@ fn link_with_pkg_config_and_statically() {
         "linked.c (dynamic)",
         Command::new(&exe)
             .env("LD_LIBRARY_PATH", lib_dir())
-            .arg("libtlmalloc.so"),
+            // The loader opens the library by its SONAME.
+            .arg("libtlmalloc.so.0"),
     );
     assert_success("linked.c (dynamic)", &out);
     assert!(text(&out.stdout).contains(" passed, 0 failed"));
@@ -316,7 +317,80 @@ fn exported_symbols_and_tls() {
     )
     .unwrap();
     eprintln!("TLS segment: {tls}");
-    // 8 bytes are tlmalloc's heap pointer; the rest is the standard
-    // library's panic machinery (see the report in lib.rs).
-    assert!(memsz <= 128, "TLS segment of {memsz} bytes");
+    // tlmalloc's heap pointer, and nothing else (no std thread-locals).
+    assert_eq!(memsz, 8, "TLS segment of {memsz} bytes");
+}
+
+/// The shipped library is `no_std`: it needs only libc (no libgcc_s, no
+/// unwinder), carries none of std's code, is versioned
+/// (`libtlmalloc.so.0`), and its release build strips to 160 KiB or less.
+/// A panic would print `tlmalloc: internal error at FILE:LINE` (the
+/// handler's text is in the library).
+#[test]
+fn shipped_library_is_lean_and_versioned() {
+    let readelf = Command::new("readelf")
+        .arg("-dW")
+        .arg(lib())
+        .output()
+        .expect("readelf");
+    assert_success("readelf", &readelf);
+    let dynamic = text(&readelf.stdout);
+    let needed: Vec<&str> = dynamic
+        .lines()
+        .filter(|l| l.contains("(NEEDED)"))
+        .filter_map(|l| l.split('[').nth(1)?.split(']').next())
+        .collect();
+    assert_eq!(needed, ["libc.so.6"], "libraries needed:\n{dynamic}");
+    assert!(
+        dynamic.contains("Library soname: [libtlmalloc.so.0]"),
+        "SONAME:\n{dynamic}"
+    );
+    assert!(
+        lib_dir().join("libtlmalloc.so.0").is_file(),
+        "no libtlmalloc.so.0 link next to the library"
+    );
+
+    let nm = Command::new("nm")
+        .args(["-C", "--defined-only"])
+        .arg(lib())
+        .output()
+        .expect("nm");
+    assert_success("nm", &nm);
+    let symbols = text(&nm.stdout);
+    let from_std: Vec<&str> = symbols
+        .lines()
+        .filter_map(|l| l.splitn(3, ' ').nth(2))
+        .filter(|name| {
+            // C++ operators name std::nothrow_t; std's own code starts with std::.
+            name.starts_with("std::")
+                || ["gimli", "addr2line", "_Unwind_", "backtrace"]
+                    .iter()
+                    .any(|word| name.contains(word))
+        })
+        .take(5)
+        .collect();
+    assert!(
+        from_std.is_empty(),
+        "std or unwinding code in the library: {from_std:?}"
+    );
+    let binary = fs::read(lib()).unwrap();
+    let message = b"tlmalloc: internal error at ";
+    assert!(
+        binary.windows(message.len()).any(|w| w == message),
+        "the panic handler's message is missing"
+    );
+
+    if lib_dir().file_name().and_then(|n| n.to_str()) == Some("release") {
+        let stripped = scratch("shipped_library").join("libtlmalloc.stripped.so");
+        let out = Command::new("strip")
+            .arg("-o")
+            .arg(&stripped)
+            .arg(lib())
+            .output()
+            .expect("strip");
+        assert_success("strip", &out);
+        let size = fs::metadata(&stripped).unwrap().len();
+        eprintln!("stripped libtlmalloc.so: {size} bytes");
+        assert!(size <= 160 * 1024, "stripped size {size} bytes > 160 KiB");
+    }
 }

@@ -37,6 +37,8 @@ use clap::error::ErrorKind;
 use clap::{Parser, Subcommand};
 
 const LIB_NAME: &str = "libtlmalloc.so";
+/// The library's SONAME (set in crates/tlmalloc-capi/build.rs).
+const SONAME: &str = "libtlmalloc.so.0";
 const STATIC_LIB_NAME: &str = "libtlmalloc.a";
 const HEADER: &str = include_str!("../../../include/tlmalloc.h");
 const PC_TEMPLATE: &str = include_str!("../../tlmalloc-capi/tlmalloc.pc.in");
@@ -296,6 +298,17 @@ fn cmd_pkg_config(prefix: Option<PathBuf>) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
+/// Point the symbolic link `link` at `target` (a name in the same
+/// directory), replacing whatever `link` was.
+fn relink(link: &Path, target: &str) -> Result<(), String> {
+    let tmp = link.with_extension("tlmalloc-new");
+    let _ = fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    fs::rename(&tmp, link).map_err(|e| format!("{}: {e}", link.display()))?;
+    println!("installed {} -> {target}", link.display());
+    Ok(())
+}
+
 /// `install --prefix DIR`.
 fn cmd_install(prefix: &Path) -> Result<(), String> {
     let fail = |what: &Path, e: io::Error| format!("{}: {e}", what.display());
@@ -317,7 +330,12 @@ fn cmd_install(prefix: &Path) -> Result<(), String> {
         println!("installed {}", to.display());
         Ok(())
     };
-    copy(&lib, libdir.join(LIB_NAME), 0o755)?;
+    // The shared library under its full version, and the two usual links:
+    // the SONAME one the loader opens, the unversioned one `-ltlmalloc` finds.
+    let versioned = format!("{LIB_NAME}.{}", env!("CARGO_PKG_VERSION"));
+    copy(&lib, libdir.join(&versioned), 0o755)?;
+    relink(&libdir.join(SONAME), &versioned)?;
+    relink(&libdir.join(LIB_NAME), SONAME)?;
     let archive = lib.with_file_name(STATIC_LIB_NAME);
     if archive.is_file() {
         copy(&archive, libdir.join(STATIC_LIB_NAME), 0o644)?;

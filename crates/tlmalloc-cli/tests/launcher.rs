@@ -375,12 +375,24 @@ fn pkg_config_and_install() {
     assert_success("tlmalloc install", &out);
     for f in [
         "lib/libtlmalloc.so",
+        "lib/libtlmalloc.so.0",
+        "lib/libtlmalloc.so.0.1.0",
         "lib/libtlmalloc.a",
         "include/tlmalloc.h",
         "lib/pkgconfig/tlmalloc.pc",
         "bin/tlmalloc",
     ] {
         assert!(prefix.join(f).is_file(), "{f} not installed");
+    }
+    for (link, target) in [
+        ("lib/libtlmalloc.so", "libtlmalloc.so.0"),
+        ("lib/libtlmalloc.so.0", "libtlmalloc.so.0.1.0"),
+    ] {
+        assert_eq!(
+            fs::read_link(prefix.join(link)).unwrap(),
+            PathBuf::from(target),
+            "{link}"
+        );
     }
     let out = run(
         "installed tlmalloc lib",

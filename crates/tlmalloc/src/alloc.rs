@@ -72,6 +72,7 @@ pub(crate) fn alloc_class(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
     // caller uses exclusively; `[direct-current]`: `current` entries are
     // never null; a block came from a real page, so the heap is a real one.
     unsafe {
+        // No panic: `class < CLASS_COUNT` (caller contract).
         let block = Page::pop((*ThreadHeap::state_ptr(heap)).current[class]);
         if !block.is_null() {
             (*heap).counters.class_allocs[class].bump();
@@ -169,6 +170,7 @@ fn alloc_slow(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
     // no local frees, so they fall through before anything is written.)
     // SAFETY: `[tls-heap]` (or a heap the caller uses exclusively);
     // `[direct-current]`: a current page is valid, maybe the empty one.
+    // No panic: `class < CLASS_COUNT` (caller contract).
     let page = unsafe { (*ThreadHeap::state_ptr(heap)).current[class] };
     // SAFETY: as above.
     if unsafe { !(*page).local_free.is_null() } {

@@ -49,6 +49,7 @@ impl SegmentCache {
             return ptr::null_mut();
         }
         self.len -= 1;
+        // No panic: `len <= SEGMENT_CACHE_SLOTS` (push refuses a full cache).
         self.slots[self.len]
     }
 }
@@ -308,6 +309,8 @@ pub fn cache_purge(now_ms: u64, delay_ms: u64, lazy: bool) {
             if age >= delay_ms.saturating_mul(8) {
                 cache.len -= 1;
                 let last = cache.len;
+                // No panic: `i < len` before the decrement, so `last` and `i`
+                // index filled slots, and `released < i + 1 <= SLOTS`.
                 cache.slots[i] = cache.slots[last];
                 release[released] = segment;
                 released += 1;
@@ -326,6 +329,7 @@ pub fn cache_purge(now_ms: u64, delay_ms: u64, lazy: bool) {
             i += 1;
         }
     }
+    // No panic: at most one release per cached slot, `released <= SLOTS`.
     for &segment in &release[..released] {
         // SAFETY: removed from the cache above; unused standard mappings.
         unsafe { unmap_cached(segment) };

@@ -156,6 +156,7 @@ unsafe fn queue_segment(state: &mut HeapState, segment: *mut Segment) {
         while in_use != 0 {
             let index = in_use.trailing_zeros() as usize;
             in_use &= in_use - 1;
+            // No panic: `index < 64 == pages.len()` (a bit of a u64 mask).
             let page: *mut Page = &mut (*segment).pages[index];
             if (*page).has_room() {
                 state.queue_push_front(page);

@@ -556,6 +556,8 @@ impl HeapState {
     /// for it). A page that loses the pin with no live block is left
     /// queued; the next scan, `collect` or thread exit finds it empty.
     fn refresh_current(&mut self, class: usize) {
+        // No panic: every caller passes the class of a page in use, or a
+        // class from the size-class table (`< CLASS_COUNT`).
         let first = self.queues[class].first();
         let page = if first.is_null() { empty_page() } else { first };
         let old = self.current[class];
@@ -582,6 +584,8 @@ impl HeapState {
                 class_size(class - 1) / 8 + 1
             };
             let high = class_size(class) / 8;
+            // No panic: inside this test, `low <= high <= DIRECT_SIZE_MAX / 8
+            // < DIRECT_SLOTS`.
             for slot in &mut self.direct[low..=high] {
                 *slot = page;
             }
@@ -607,6 +611,7 @@ impl HeapState {
         // SAFETY: caller contract; `[queues]` holds for `page`.
         let class = unsafe {
             (*page).queued = true;
+            // No panic: a page in use has `class < CLASS_COUNT` (`[queues]`).
             self.queues[(*page).class as usize].push_front(page);
             (*page).class as usize
         };
@@ -621,6 +626,7 @@ impl HeapState {
         // SAFETY: caller contract; `[queues]` holds for `page`.
         let class = unsafe {
             (*page).queued = true;
+            // No panic: a page in use has `class < CLASS_COUNT` (`[queues]`).
             self.queues[(*page).class as usize].push_back(page);
             (*page).class as usize
         };
@@ -635,6 +641,7 @@ impl HeapState {
         // SAFETY: caller contract.
         let class = unsafe {
             (*page).queued = false;
+            // No panic: a queued page has `class < CLASS_COUNT` (`[queues]`).
             self.queues[(*page).class as usize].remove(page);
             (*page).class as usize
         };
@@ -687,6 +694,7 @@ impl HeapState {
     /// `segment` is on one of this heap's lists.
     pub unsafe fn segment_remove(&mut self, segment: *mut Segment) {
         // SAFETY: caller contract: `list` names the list it is on.
+        // No panic: `list` is only ever set from `SegmentList as u8`.
         unsafe { self.segments[(*segment).list as usize].remove(segment) };
     }
 

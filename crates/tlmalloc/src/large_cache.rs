@@ -246,6 +246,8 @@ impl SharedLargeCache {
 
     /// Put `segment` in a free slot of `bin` without accounting.
     fn put_slot(&self, bin: usize, segment: *mut Segment) -> bool {
+        // No panic: `bin` is `bin_of` a large block's usable size, whose class
+        // lies in `FIRST_CLASS..=LAST_CLASS`, so `bin < BINS`.
         for slot in &self.slots[bin] {
             if slot.load(Ordering::Relaxed).is_null()
                 // Release: the header writes made before caching are visible to the taker.

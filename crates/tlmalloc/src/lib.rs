@@ -26,7 +26,8 @@
 // The loom build compiles only the layers its models reach.
 #![cfg_attr(loom, allow(dead_code, unused_imports))]
 
-#[cfg(any(feature = "std", loom))]
+// Only the model checker's build links std (loom's atomics need it).
+#[cfg(loom)]
 extern crate std;
 
 // Foundation: no OS, no globals.
@@ -119,6 +120,12 @@ mod user_heap;
 pub use api::*;
 #[cfg(not(loom))]
 pub use pool::{Pool, PoolBox};
+/// The one-line abort of a panic, for the panic handler of a `no_std`
+/// program or library built on the core (libtlmalloc.so's is in the capi
+/// crate).
+#[cfg(not(loom))]
+#[doc(hidden)]
+pub use report::internal_error_at;
 #[cfg(not(loom))]
 pub use stats::{stats, stats_into, Stats};
 #[cfg(not(loom))]

@@ -272,6 +272,7 @@ impl Page {
         if remaining == 0 {
             return false;
         }
+        // No panic: a page in use has `block_size >= 8`, its class's size.
         let step = (extend_bytes / self.block_size).clamp(1, remaining as usize) as u32;
         let size = self.block_size;
         // SAFETY: `[page-lists]`: blocks `capacity .. capacity + step` lie

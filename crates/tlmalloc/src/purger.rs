@@ -174,6 +174,7 @@ fn visit_heaps(now_ms: u64, policy: PurgePolicy) -> bool {
             // The barrier stopped working: give the heaps back untouched.
             HANDSHAKE.store(false, Ordering::Release);
         }
+        // No panic: `n` counts the slots of `batch` filled above.
         for &heap in &batch[..n] {
             // SAFETY: marked by `mark_for_purge` and not released yet, so
             // the heap stays live; one barrier was issued after the marks.

@@ -313,6 +313,7 @@ impl Segment {
     /// true when the segment has no page in use any more.
     pub fn release_page(&mut self, index: usize) -> bool {
         debug_assert!(self.free_mask & (1u64 << index) == 0);
+        // No panic: `index` is a page slot of this segment (`< 64`).
         if self.pages[index].capacity > 0 {
             if self.dirty_mask == 0 {
                 // Unstamped: the next purge pass stamps it with its own clock

@@ -327,6 +327,7 @@ unsafe fn user_heap_destroy(heap: *mut ThreadHeap) {
                         continue;
                     }
                     page.collect_remote();
+                    // No panic: a page in use has `class < CLASS_COUNT`.
                     h.counters.class_frees[page.class as usize].add(page.used as usize);
                     counters::record_page(1usize << (*segment).page_shift, false);
                 }

@@ -75,7 +75,8 @@ static int resolves_to_tlmalloc(void (*fn)(void)) {
     memcpy(&addr, &fn, sizeof addr);
     Dl_info info;
     if (dladdr(addr, &info) == 0 || info.dli_fname == NULL) return 0;
-    return ends_with(info.dli_fname, "libtlmalloc.so");
+    /* Linked with -ltlmalloc, the loader opens the library by its SONAME. */
+    return ends_with(info.dli_fname, "libtlmalloc.so.0");
 }
 
 static void run_thread(void *(*fn)(void *), void *arg) {

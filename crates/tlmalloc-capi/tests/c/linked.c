@@ -1,12 +1,13 @@
 /* Linked against libtlmalloc (pkg-config, or the static archive), no
  * preload: the tl_ API from tlmalloc.h, and malloc itself replaced. argv[1]
- * is the file malloc must resolve to ("libtlmalloc.so", or the program
+ * is the file malloc must resolve to ("libtlmalloc.so.0", or the program
  * itself when linked statically). Prints "N passed, N failed". */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <malloc.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,7 +22,7 @@ static int resolves_to(void *fn, const char *suffix) {
 }
 
 int main(int argc, char **argv) {
-    const char *where = argc > 1 ? argv[1] : "libtlmalloc.so";
+    const char *where = argc > 1 ? argv[1] : "libtlmalloc.so.0";
     CHECK(resolves_to((void *)&malloc, where));
     CHECK(resolves_to((void *)&free, where));
     CHECK(resolves_to((void *)&tl_malloc, where));
@@ -53,6 +54,10 @@ int main(int argc, char **argv) {
     CHECK(tl_good_size(SIZE_MAX) == SIZE_MAX);
     tl_collect(1);
     tl_collect(0);
-    CHECK(strlen(tl_version()) > 0);
+    /* The header and the library agree on the version. */
+    char header_version[48];
+    snprintf(header_version, sizeof header_version, "%d.%d.%d", TLMALLOC_VERSION_MAJOR,
+             TLMALLOC_VERSION_MINOR, TLMALLOC_VERSION_PATCH);
+    CHECK(strcmp(tl_version(), header_version) == 0);
     return check_done();
 }

@@ -528,7 +528,9 @@ pub fn write_stderr(bytes: &[u8]) {
         if n <= 0 {
             return;
         }
-        rest = &rest[n as usize..];
+        // `write` returns at most `rest.len()`; `get` keeps that unchecked
+        // promise from becoming a panic.
+        rest = rest.get(n as usize..).unwrap_or_default();
     }
 }
 
@@ -541,7 +543,9 @@ pub fn write_fd(fd: i32, bytes: &[u8]) {
         if n <= 0 {
             return;
         }
-        rest = &rest[n as usize..];
+        // `write` returns at most `rest.len()`; `get` keeps that unchecked
+        // promise from becoming a panic.
+        rest = rest.get(n as usize..).unwrap_or_default();
     }
 }
 
