@@ -16,8 +16,7 @@
  *     replacement, plus the tl_ functions below, which only tlmalloc has.
  *
  * Semantics shared by every function here:
- *  - Blocks of 16 bytes or more are 16-byte aligned; smaller ones are
- *    8-byte aligned (enough for any object that fits).
+ *  - Every block is 16-byte aligned (the smallest block is 16 bytes).
  *  - A request that cannot be met returns NULL with errno = ENOMEM.
  *  - Passing a pointer tlmalloc did not hand out to a function that frees,
  *    resizes or measures a block prints one line naming the pointer and the
@@ -211,7 +210,7 @@ void tl_heap_destroy(tl_heap_t *heap);
  * TL_STATS_VERSION, and tl_stats refuses a version above the library's. */
 #define TL_STATS_VERSION 1
 /* Entries of tl_stats_t.classes: the number of size classes. */
-#define TL_STATS_CLASSES 89
+#define TL_STATS_CLASSES 88
 
 /* Allocations and frees of one size class. */
 typedef struct tl_class_stats {

@@ -31,7 +31,7 @@ echo "== cargo test --workspace --release"
 cargo test --workspace --release
 
 echo "== invariant checkers on (feature check), per-op counters (feature stats)"
-cargo test -p tlmalloc --release --features check --test stress --test alignment
+cargo test -p tlmalloc --release --features check --test stress --test alignment --test misuse
 cargo test -p tlmalloc --release --features check,stats --test sized_free --test stats --test user_heap --test pool --test allocator_api --test fuzz_model # wrong sizes abort; exact per-op counters
 
 echo "== the core in the debug profile (debug assertions and overflow checks on)"

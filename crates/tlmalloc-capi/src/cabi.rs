@@ -18,8 +18,7 @@
 //! | `free_sized(p, n)`, `free_aligned_sized(p, a, n)` | `free(p)`; with the core's `check` feature, `n` (and `a`) not matching the block: one line on stderr, then `abort()` |
 //! | `free`, `realloc`, `malloc_usable_size` of a pointer tlmalloc did not hand out | one line on stderr naming the pointer and the function, then `abort()` |
 //!
-//! Blocks of 16 bytes or more are 16-byte aligned; blocks of 1 to 8 bytes are
-//! 8-byte aligned (enough for any object that fits, as C17 7.22.3 asks).
+//! Every block is 16-byte aligned (the smallest holds 16 bytes).
 
 use core::ffi::{c_char, c_int, c_void};
 use core::ptr;

@@ -91,6 +91,34 @@ fn foreign_pointers_are_reported() {
     }
 }
 
+/// Misuse that glibc's default build stops is reported and aborts here too
+/// (tests/c/misuse.c): double frees of small and medium blocks, directly,
+/// after other traffic and across threads, and pointers inside a block.
+#[test]
+fn double_frees_and_interior_pointers_are_reported() {
+    let dir = scratch("misuse");
+    let exe = dir.join("misuse");
+    compile("c", &["misuse.c"], &exe, &["-pthread"]);
+    for (mode, reason) in [
+        ("double-free-64", "double free"),
+        ("double-free-after-traffic", "double free"),
+        ("double-free-48k", "double free"),
+        ("double-free-cross-thread", "double free"),
+        ("interior-cross-thread", "not the start of a block"),
+        ("interior-large", "not the start of a block"),
+    ] {
+        let out = run(
+            &format!("misuse {mode}"),
+            preload(Command::new(&exe).arg(mode)),
+        );
+        let (stdout, stderr) = aborted(mode, &out);
+        let pointer = stdout.lines().next().unwrap_or("").trim().to_string();
+        let expected = format!("tlmalloc: free({pointer}): {reason}");
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(lines, [expected.as_str()], "{mode}: stderr was {stderr:?}");
+    }
+}
+
 /// Allocation before main (a linked library's constructor, run by the
 /// dynamic loader, and the program's own), in a dlopened library, in
 /// pthread-key destructors after tlmalloc's thread-exit hook, in atexit

@@ -26,7 +26,7 @@ use crate::report;
 use crate::segment::{Segment, SegmentKind};
 use crate::size_class::{class_of, class_size, direct_class, FIRST_MEDIUM_CLASS};
 
-/// Allocate `size` bytes (16-byte aligned from 16 bytes up, 8 below).
+/// Allocate `size` bytes, 16-byte aligned.
 ///
 /// Fast path, `size <= 1024`, budget 15 instructions (x86-64, `objdump -d`
 /// of `libtlmalloc.so`'s `malloc`, the `ret` included): TLS load (2), size

@@ -37,12 +37,9 @@ unsafe impl GlobalAlloc for TlMalloc {
     #[inline(always)]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // The alignment is almost always a constant, so only one arm survives.
-        if layout.align() <= 8 {
+        if layout.align() <= 16 {
+            // Every block is 16-aligned.
             alloc::malloc(layout.size())
-        } else if layout.align() <= 16 {
-            // A block of 16 bytes or more is 16-aligned; only the 8-byte
-            // class is 8-aligned, and `max` keeps 16-aligned layouts out of it.
-            alloc::malloc(layout.size().max(16))
         } else {
             alloc::malloc_aligned(layout.size(), layout.align())
         }

@@ -9,8 +9,10 @@ use crate::heap::{thread_heap, HeapKind, ThreadHeap};
 use crate::large;
 use crate::os;
 use crate::page::{Block, Page};
+use crate::poison;
 use crate::purge;
 use crate::purger;
+use crate::report;
 use crate::segment::{Segment, SegmentKind};
 use crate::sync::Ordering;
 
@@ -48,16 +50,66 @@ pub unsafe fn free_trusted(p: *mut u8) {
 /// page of a small or medium segment `heap` owns.
 #[inline(always)]
 pub unsafe fn free_local(heap: &ThreadHeap, page: *mut Page, p: *mut u8) {
-    // SAFETY: caller contract; `class < CLASS_COUNT` for a page of a small
-    // or medium segment.
+    // SAFETY: caller contract; a heap reached through the thread's slot is
+    // a thread heap, whose free key is its address (`[block-key]`).
+    unsafe { free_owned(heap, page, p, heap as *const ThreadHeap as usize) }
+}
+
+/// Free `p` into `page`, which `heap` owns, `key` being `heap.free_key()`.
+///
+/// # Safety
+/// As [`free_local`], and `key == heap.free_key()`.
+#[inline(always)]
+pub unsafe fn free_owned(heap: &ThreadHeap, page: *mut Page, p: *mut u8, key: usize) {
+    let block = p.cast::<Block>();
+    // SAFETY: caller contract (`p` is a block of at least 16 bytes, ours to
+    // write); `class < CLASS_COUNT` for a page of a small or medium segment.
     unsafe {
+        // A pointer inside a block: checked on the owner's path only with
+        // the `check` feature (it costs 6-8 instructions here, twice the
+        // double-free check); every other path checks it always.
+        if cfg!(feature = "check") && !(*page).starts_block(p) {
+            report::misuse("free", p, "not the start of a block");
+        }
+        // `[block-key]`: a set key means the block is probably free already.
+        if (*block).key == key {
+            // The page is found again there, so that the fast path keeps
+            // it in addressing modes instead of a register.
+            return free_local_suspect(heap, p, key);
+        }
+        (*block).key = key;
+        poison::fill_freed(p, (*page).block_size);
         heap.counters
             .class_frees
             .get_unchecked((*page).class as usize)
             .bump();
-        if (*page).push_local(p.cast::<Block>()) {
-            page_emptied(heap, page);
+        if (*page).push_local(block) {
+            page_emptied(heap, p);
         }
+    }
+}
+
+/// A local free found its block already keyed (`[block-key]`): a double
+/// free if the block is on one of its page's lists, which is reported;
+/// otherwise user data that happened to equal the key, and the free goes on.
+///
+/// # Safety
+/// As [`free_owned`], except that `p` may be free already.
+#[cold]
+#[inline(never)]
+unsafe fn free_local_suspect(heap: &ThreadHeap, p: *mut u8, key: usize) {
+    let block = p.cast::<Block>();
+    // SAFETY: `[segment-header]`: `p` lies in a live small or medium segment.
+    let page = unsafe { Segment::page_of(Segment::of(p), p) };
+    // SAFETY: `page` is a page `heap` owns, and the caller is its owner.
+    if unsafe { (*page).holds_free(block) } {
+        report::misuse("free", p, "double free");
+    }
+    // SAFETY: the block is live (on no list), as `free_owned` requires; a
+    // cleared key sends it through the ordinary path.
+    unsafe {
+        (*block).key = 0;
+        free_owned(heap, page, p, key);
     }
 }
 
@@ -65,11 +117,17 @@ pub unsafe fn free_local(heap: &ThreadHeap, page: *mut Page, p: *mut u8) {
 /// to its segment. Never the current page of its class: that one carries the
 /// pin (`[page-accounting]`), so an alloc/free loop on one block never comes here.
 ///
+/// Takes the block rather than its page, like [`free_local_suspect`], so
+/// the fast path never has to hold the page's address in a register.
+///
 /// # Safety
-/// As [`free_local`], and `page.used == 0`.
+/// As [`free_local`] for the block `p` just freed, whose page has
+/// `used == 0` now.
 #[cold]
 #[inline(never)]
-unsafe fn page_emptied(heap: &ThreadHeap, page: *mut Page) {
+unsafe fn page_emptied(heap: &ThreadHeap, p: *mut u8) {
+    // SAFETY: `[segment-header]`: `p` lies in a live small or medium segment.
+    let page = unsafe { Segment::page_of(Segment::of(p), p) };
     heap.tick_purge();
     let was = heap.begin_change();
     // SAFETY: `[heap-owner]` and `[heap-busy]`: the caller is the heap's
@@ -90,12 +148,31 @@ unsafe fn free_slow(segment: *mut Segment, p: *mut u8) {
     // SAFETY: caller contract.
     unsafe {
         if (*segment).kind == SegmentKind::Large {
+            if p != (*segment).large_block() {
+                report::misuse("free", p, "not the start of a block");
+            }
             large_free(segment);
             return;
         }
         let page = Segment::page_of(segment, p);
+        if !(*page).starts_block(p) {
+            report::misuse("free", p, "not the start of a block");
+        }
+        let owner = (*segment).owner() as *const ThreadHeap;
+        let abandoned = owner.is_null();
+        if !abandoned {
+            // `[block-key]`: only the owner may search the page's lists, so
+            // a key already there is reported as it is (it cannot be user
+            // data: see `Block`).
+            let key = (*owner).free_key();
+            let block = p.cast::<Block>();
+            if (*block).key == key {
+                report::misuse("free", p, "double free");
+            }
+            (*block).key = key;
+        }
+        poison::fill_freed(p, (*page).block_size);
         count_remote_free((*page).class as usize);
-        let abandoned = (*segment).owner() == 0;
         // `[thread-free]`: the block is ours until the push publishes it.
         (*page).thread_free.push(p.cast());
         // `[abandoned]` step 4: the last block of an abandoned segment

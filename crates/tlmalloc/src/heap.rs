@@ -240,6 +240,14 @@ impl ThreadHeap {
         self.kind
     }
 
+    /// The key that frees write into the blocks of this heap's segments
+    /// (`[block-key]` in `page.rs`): the heap's address, plus one for a user
+    /// heap, whose address the program holds and may store in its blocks.
+    #[inline(always)]
+    pub fn free_key(&self) -> usize {
+        self as *const ThreadHeap as usize | (self.kind == HeapKind::User) as usize
+    }
+
     /// The owner-only state.
     ///
     /// # Safety

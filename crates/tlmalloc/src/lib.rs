@@ -54,6 +54,7 @@ mod report;
 // Metadata.
 #[doc(hidden)]
 pub mod page;
+mod poison;
 #[doc(hidden)]
 pub mod segment;
 #[cfg(not(loom))]

@@ -9,14 +9,30 @@
 use core::ptr;
 
 use crate::list::{Linked, Links};
+use crate::poison;
 use crate::sync::{const_unless_loom, AtomicPtr, Ordering};
 
-/// A free block. While free, its first word links to the next free block;
-/// this is the only "header" a block ever has, and it lives inside the block.
+/// A free block. While free, its first word links to the next free block
+/// and its second holds the free key; these are the only "header" a block
+/// ever has, and they live inside the block (every block is at least 16
+/// bytes).
+///
+/// `[block-key]`: every free of a block whose segment has an owner writes
+/// the owner's free key into `key` (`ThreadHeap::free_key`: the heap's
+/// address, with bit 0 set for a user heap), and [`Page::pop`] clears it
+/// before a block is handed out. So a block on a list of its page carries
+/// the key, and a block in use carries 0 until the program writes to it. A
+/// free that finds the key already there is a double free, or user data
+/// equal to the key: the owner tells them apart by looking for the block on
+/// its page's lists; another thread cannot look, and reports it, which is
+/// sound because no program holds the address of a thread's heap (it is
+/// never handed out) or a user heap's address plus one.
 #[repr(C)]
 pub struct Block {
     /// The next free block of the same list, or null.
     pub next: *mut Block,
+    /// While free: the owner's free key (`[block-key]`); in use: 0.
+    pub key: usize,
 }
 
 /// The head of a page's list of blocks freed by threads other than the owner.
@@ -79,6 +95,14 @@ impl ThreadFree {
     }
 }
 
+/// `ceil(2^64 / block_size)` ([`Page::start_magic`]); 0 for no block size.
+const fn start_magic(block_size: usize) -> u64 {
+    if block_size == 0 {
+        return 0;
+    }
+    (u64::MAX / block_size as u64).wrapping_add(1)
+}
+
 /// Page metadata, kept in its segment's header (never inside the page).
 ///
 /// Invariants, for a page in use (`in_use`):
@@ -122,10 +146,17 @@ pub struct Page {
     pub block_size: usize,
     /// Shared: blocks freed by other threads.
     pub thread_free: ThreadFree,
-    /// Owner: links in the heap's queue of the page's class.
-    pub links: Links<Page>,
     /// Constant while in use: the first block.
     pub area: *mut u8,
+    /// Constant while in use: `ceil(2^64 / block_size)`, so that an offset
+    /// `n < 2^32` from `area` starts a block exactly when
+    /// `n * start_magic mod 2^64 < start_magic` (one multiplication instead
+    /// of a division: Lemire, Kaser and Kurz, "Faster remainder by direct
+    /// computation", 2019). See [`Page::starts_block`].
+    pub start_magic: u64,
+    /// Owner: links in the heap's queue of the page's class (slow paths
+    /// only, so on the second cache line).
+    pub links: Links<Page>,
 }
 
 #[cfg(not(loom))]
@@ -151,8 +182,9 @@ impl Page {
                 _pad: 0,
                 block_size: 0,
                 thread_free: ThreadFree::new(),
-                links: Links::new(),
                 area: ptr::null_mut(),
+                start_magic: 0,
+                links: Links::new(),
             }
         }
     }
@@ -171,6 +203,15 @@ impl Page {
         self.block_size = block_size;
         self.links = Links::new();
         self.area = area;
+        self.start_magic = start_magic(block_size);
+    }
+
+    /// Whether `p`, an address inside this page's area, is the start of a
+    /// block: the free path's interior-pointer check, without a division.
+    #[inline(always)]
+    pub fn starts_block(&self, p: *const u8) -> bool {
+        let offset = (p as usize).wrapping_sub(self.area as usize) as u64;
+        offset.wrapping_mul(self.start_magic) < self.start_magic
     }
 
     /// Forget the page's blocks (all of them are free: `used == 0`).
@@ -197,11 +238,43 @@ impl Page {
         unsafe {
             let block = (*page).free;
             if !block.is_null() {
+                #[cfg(feature = "check")]
+                (*page).check_free_block(block);
                 (*page).free = (*block).next;
+                // `[block-key]`: a block in use carries no key.
+                (*block).key = 0;
                 (*page).used += 1;
             }
             block
         }
+    }
+
+    /// The `check` feature's look at a block about to be handed out: its
+    /// link must point to a block of this page (or be null), and its fill
+    /// must be intact ([`poison`]).
+    ///
+    /// # Safety
+    /// `block` is the head of `free`, owned by the caller.
+    #[cfg(feature = "check")]
+    #[cold]
+    #[inline(never)]
+    unsafe fn check_free_block(&self, block: *mut Block) {
+        // SAFETY: caller contract.
+        let next = unsafe { (*block).next };
+        let end = self.area as usize + self.reserved as usize * self.block_size;
+        if !next.is_null()
+            && ((next as usize) < self.area as usize
+                || next as usize >= end
+                || !self.starts_block(next.cast()))
+        {
+            crate::report::misuse(
+                "malloc",
+                block.cast(),
+                "free-list link overwritten (write after free)",
+            );
+        }
+        // SAFETY: caller contract: a free block of `block_size` bytes.
+        unsafe { poison::verify_freed("malloc", block.cast(), self.block_size) };
     }
 
     /// Owner: return a block to `local_free`. Returns true when the page just
@@ -242,6 +315,27 @@ impl Page {
         true
     }
 
+    /// Owner: whether `block` is free, on any of the page's lists (after
+    /// taking in the remote frees, so `thread_free` is searched too). The
+    /// confirmation of a suspected double free: O(blocks of the page).
+    #[cold]
+    #[inline(never)]
+    pub fn holds_free(&mut self, block: *mut Block) -> bool {
+        self.collect_remote();
+        for head in [self.free, self.local_free] {
+            let mut at = head;
+            while !at.is_null() {
+                if at == block {
+                    return true;
+                }
+                // SAFETY: `[page-lists]`: null-terminated lists of this
+                // page's free blocks, the owner's (`&mut self`).
+                at = unsafe { (*at).next };
+            }
+        }
+        false
+    }
+
     /// Owner: move every remotely freed block onto `free`. Returns how many.
     pub fn collect_remote(&mut self) -> u32 {
         let head = self.thread_free.take_all();
@@ -272,7 +366,7 @@ impl Page {
         if remaining == 0 {
             return false;
         }
-        // No panic: a page in use has `block_size >= 8`, its class's size.
+        // No panic: a page in use has `block_size >= 16`, its class's size.
         let step = (extend_bytes / self.block_size).clamp(1, remaining as usize) as u32;
         let size = self.block_size;
         // SAFETY: `[page-lists]`: blocks `capacity .. capacity + step` lie
@@ -283,8 +377,10 @@ impl Page {
             for _ in 1..step {
                 let next = block.add(size);
                 (*block.cast::<Block>()).next = next.cast();
+                poison::fill_freed(block, size);
                 block = next;
             }
+            poison::fill_freed(block, size);
             (*block.cast::<Block>()).next = self.free;
             self.free = first.cast();
         }

@@ -70,6 +70,17 @@ pub fn internal_error_at(file: &str, line_number: u32) -> ! {
     emit_and_abort(&mut line)
 }
 
+/// Report that the free block at `ptr`, about to be handed out by
+/// `function`, was written at `offset` after it was freed, and abort.
+#[cfg(feature = "check")]
+#[cold]
+#[inline(never)]
+pub fn write_after_free(function: &str, ptr: *const u8, offset: usize) -> ! {
+    let mut line = misuse_head(function, ptr);
+    line.str("write after free at offset ").decimal(offset);
+    emit_and_abort(&mut line)
+}
+
 /// Report a sized free whose size does not match its block, and abort.
 #[cfg(feature = "check")]
 #[cold]

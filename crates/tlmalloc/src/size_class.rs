@@ -1,11 +1,12 @@
 //! Size classes: which block size a request gets.
 //!
 //! ```text
-//! class   0      : 8 bytes                (requests 0..=8, 8-byte aligned)
-//! classes 1..=8  : 16, 32, 48 … 128       (16-byte steps)
-//! classes 9..    : 8 classes per doubling  (144, 160 … 256, 288 … 512, 576 …)
+//! classes 0..=7  : 16, 32, 48 … 128       (16-byte steps; requests 0..=16 get 16)
+//! classes 8..    : 8 classes per doubling  (144, 160 … 256, 288 … 512, 576 …)
 //!                  up to MEDIUM_SIZE_MAX
 //! ```
+//! There is no 8-byte class: every block holds two words while free, its
+//! free-list link and the double-free key (`[block-key]` in `page.rs`).
 //! Eight classes per power of two bound the waste of every request of 128
 //! bytes and more by 1/9 of the block (11.1 %). Between 64 and 128 bytes the
 //! 16-byte alignment every block of 16 bytes or more must have forces 16-byte
@@ -49,25 +50,23 @@ static CLASS_SIZE: [u32; CLASS_COUNT] = {
 /// The class of a request of `n` bytes, `n <= MEDIUM_SIZE_MAX`. Constant time,
 /// no loop: a leading-zero count and two shifts.
 pub const fn class_of_const(n: usize) -> usize {
-    if n <= 8 {
+    if n <= 16 {
         0
     } else if n <= 128 {
-        (n + 15) >> 4
+        ((n + 15) >> 4) - 1
     } else {
         let m = n - 1;
         let b = (usize::BITS - 1 - m.leading_zeros()) as usize; // floor(log2(n - 1)) >= 7
-        9 + (b - 7) * 8 + ((m >> (b - 3)) - 8)
+        8 + (b - 7) * 8 + ((m >> (b - 3)) - 8)
     }
 }
 
 /// The block size of class `c`.
 pub const fn class_size_const(c: usize) -> usize {
-    if c == 0 {
-        8
-    } else if c <= 8 {
-        c * 16
+    if c <= 7 {
+        (c + 1) * 16
     } else {
-        let k = c - 9;
+        let k = c - 8;
         let b = 7 + k / 8;
         (1 << b) + ((k % 8 + 1) << (b - 3))
     }

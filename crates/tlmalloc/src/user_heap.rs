@@ -29,7 +29,7 @@ use crate::arena;
 use crate::collect::sweep;
 use crate::config::SEGMENT_SIZE;
 use crate::counters;
-use crate::free::{free_local, free_trusted};
+use crate::free::{free_owned, free_trusted};
 use crate::heap::{HeapKind, ThreadHeap, LIST_COUNT};
 use crate::heap_pool;
 use crate::init::{ensure_process_init, thread_heap_or_init};
@@ -262,7 +262,7 @@ unsafe fn user_heap_free(heap: *mut ThreadHeap, p: *mut u8) {
     // SAFETY: `[segment-header]`: `p` lies in a live segment (caller contract).
     unsafe {
         if (*segment).owner() == heap as usize && (*segment).kind != SegmentKind::Large {
-            free_local(&*heap, Segment::page_of(segment, p), p);
+            free_owned(&*heap, Segment::page_of(segment, p), p, (*heap).free_key());
         } else {
             free_trusted(p);
         }

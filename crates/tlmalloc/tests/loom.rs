@@ -36,6 +36,7 @@ fn blocks(n: usize) -> *mut u8 {
     let v: Vec<Block> = (0..n)
         .map(|_| Block {
             next: std::ptr::null_mut(),
+            key: 0,
         })
         .collect();
     Box::leak(v.into_boxed_slice()).as_mut_ptr().cast()

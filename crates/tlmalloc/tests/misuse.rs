@@ -61,3 +61,312 @@ fn large_double_free_is_reported() {
     let stderr = run_child("large_double_free_is_reported", "double");
     report_line(&stderr, "free", "double free of a large block");
 }
+
+/// Run `body` in the child for `case`; in the parent, check that the child
+/// aborted with `free(0x…): <reason>`.
+fn expect_free_report(test_name: &str, case: &str, reason: &str, body: impl FnOnce()) {
+    if std::env::var(CASE_VAR).as_deref() == Ok(case) {
+        body();
+        unreachable!("{case}: the misuse was not detected");
+    }
+    let stderr = run_child(test_name, case);
+    report_line(&stderr, "free", reason);
+}
+
+#[test]
+fn small_double_free_is_reported() {
+    expect_free_report(
+        "small_double_free_is_reported",
+        "small",
+        "double free",
+        || {
+            let p = tlmalloc::malloc(64);
+            // SAFETY: the first free is legal; the second is the misuse under test.
+            unsafe {
+                tlmalloc::free(p);
+                tlmalloc::free(p);
+            }
+        },
+    );
+}
+
+#[test]
+fn double_free_after_other_traffic_is_reported() {
+    expect_free_report(
+        "double_free_after_other_traffic_is_reported",
+        "traffic",
+        "double free",
+        || {
+            let p = tlmalloc::malloc(64);
+            // SAFETY: `p` is freed once here; the blocks in between are
+            // allocated and freed properly; the last free is the misuse.
+            unsafe {
+                tlmalloc::free(p);
+                let mut others = [core::ptr::null_mut::<u8>(); 100];
+                for slot in others.iter_mut() {
+                    *slot = tlmalloc::malloc(64);
+                }
+                for &q in others.iter().step_by(2) {
+                    tlmalloc::free(q);
+                }
+                for &q in others.iter().skip(1).step_by(2) {
+                    tlmalloc::free(q);
+                }
+                tlmalloc::free(p);
+            }
+        },
+    );
+}
+
+#[test]
+fn medium_double_free_is_reported() {
+    expect_free_report(
+        "medium_double_free_is_reported",
+        "medium",
+        "double free",
+        || {
+            let p = tlmalloc::malloc(48 << 10);
+            // SAFETY: the first free is legal; the second is the misuse under test.
+            unsafe {
+                tlmalloc::free(p);
+                tlmalloc::free(p);
+            }
+        },
+    );
+}
+
+/// A pointer as a plain integer, to send it to another thread.
+fn addr(p: *mut u8) -> usize {
+    p as usize
+}
+
+#[test]
+fn double_free_by_another_thread_is_reported() {
+    expect_free_report(
+        "double_free_by_another_thread_is_reported",
+        "remote-after-local",
+        "double free",
+        || {
+            let p = addr(tlmalloc::malloc(64));
+            // SAFETY: the owner's free is legal; the other thread's is the misuse.
+            unsafe { tlmalloc::free(p as *mut u8) };
+            std::thread::spawn(move || {
+                // SAFETY: deliberately wrong: the block is free already.
+                unsafe { tlmalloc::free(p as *mut u8) }
+            })
+            .join()
+            .ok();
+        },
+    );
+}
+
+#[test]
+fn double_free_twice_remote_is_reported() {
+    expect_free_report(
+        "double_free_twice_remote_is_reported",
+        "remote-twice",
+        "double free",
+        || {
+            let p = addr(tlmalloc::malloc(256));
+            std::thread::spawn(move || {
+                // SAFETY: the first remote free is legal; the second is the misuse.
+                unsafe {
+                    tlmalloc::free(p as *mut u8);
+                    tlmalloc::free(p as *mut u8);
+                }
+            })
+            .join()
+            .ok();
+        },
+    );
+}
+
+#[test]
+fn interior_pointer_freed_by_another_thread_is_reported() {
+    expect_free_report(
+        "interior_pointer_freed_by_another_thread_is_reported",
+        "interior-remote",
+        "not the start of a block",
+        || {
+            let p = addr(tlmalloc::malloc(64));
+            std::thread::spawn(move || {
+                // SAFETY: deliberately wrong: 16 bytes into a 64-byte block.
+                unsafe { tlmalloc::free((p + 16) as *mut u8) }
+            })
+            .join()
+            .ok();
+        },
+    );
+}
+
+#[test]
+fn interior_pointer_of_a_large_block_is_reported() {
+    expect_free_report(
+        "interior_pointer_of_a_large_block_is_reported",
+        "interior-large",
+        "not the start of a block",
+        || {
+            let p = tlmalloc::malloc(1 << 20);
+            // SAFETY: deliberately wrong: 16 bytes into a large block.
+            unsafe { tlmalloc::free(p.add(16)) };
+        },
+    );
+}
+
+/// With the `check` feature the owner's own frees are checked too.
+#[cfg(feature = "check")]
+#[test]
+fn interior_pointer_is_reported_with_check() {
+    expect_free_report(
+        "interior_pointer_is_reported_with_check",
+        "interior-local",
+        "not the start of a block",
+        || {
+            let p = tlmalloc::malloc(64);
+            // SAFETY: deliberately wrong: 16 bytes into a 64-byte block.
+            unsafe { tlmalloc::free(p.add(16)) };
+        },
+    );
+}
+
+/// A live block whose second word happens to hold the free key is not a
+/// double free: the owner finds it on no list and frees it normally.
+#[test]
+fn live_block_holding_the_key_is_freed_normally() {
+    let first = tlmalloc::malloc(96);
+    // SAFETY: `first` is live; after its free its second word is the key
+    // (read only to forge a live block that holds the same value).
+    let key = unsafe {
+        tlmalloc::free(first);
+        first.cast::<usize>().add(1).read()
+    };
+    assert_ne!(key, 0, "a freed block carries its key");
+    let mut blocks = Vec::new();
+    let mut again = core::ptr::null_mut();
+    for _ in 0..100_000 {
+        let q = tlmalloc::malloc(96);
+        if q == first {
+            again = q;
+            break;
+        }
+        blocks.push(q);
+    }
+    assert!(!again.is_null(), "the freed block came back");
+    // SAFETY: `again` is live; all blocks are freed once.
+    unsafe {
+        assert_eq!(
+            again.cast::<usize>().add(1).read(),
+            0,
+            "a block in use carries no key"
+        );
+        again.cast::<usize>().add(1).write(key);
+        tlmalloc::free(again);
+        for q in blocks {
+            tlmalloc::free(q);
+        }
+    }
+    let p = tlmalloc::malloc(96);
+    assert!(!p.is_null());
+    // SAFETY: `p` is live.
+    unsafe { tlmalloc::free(p) };
+}
+
+/// A block that stores its own heap's handle (a common pattern) and is
+/// freed by another thread is not mistaken for a free block.
+#[test]
+fn block_holding_its_heap_handle_is_freed_normally() {
+    let heap = tlmalloc::raw_heap::heap_new();
+    assert!(!heap.is_null());
+    let mut blocks = Vec::new();
+    for _ in 0..64 {
+        // SAFETY: `heap` is live and used by this thread only.
+        let p = unsafe { tlmalloc::raw_heap::heap_alloc(heap, 64, 16, false) };
+        assert!(!p.is_null());
+        // SAFETY: `p` is a live 64-byte block.
+        unsafe { p.cast::<usize>().add(1).write(heap as usize) };
+        blocks.push(p as usize);
+    }
+    std::thread::spawn(move || {
+        for p in blocks {
+            // SAFETY: each block is live and freed once.
+            unsafe { tlmalloc::free(p as *mut u8) };
+        }
+    })
+    .join()
+    .unwrap();
+    // SAFETY: `heap` is live; no block of it is used any more.
+    unsafe { tlmalloc::raw_heap::heap_destroy(heap) };
+}
+
+/// With `check`, a write into a freed block is reported when the block is
+/// handed out again, with the block's address and the first changed offset.
+#[cfg(feature = "check")]
+#[test]
+fn write_after_free_is_reported_with_check() {
+    if std::env::var(CASE_VAR).as_deref() == Ok("write-after-free") {
+        let p = tlmalloc::malloc(64);
+        println!("{p:p}");
+        // SAFETY: deliberately wrong: a write into the freed block.
+        unsafe {
+            tlmalloc::free(p);
+            p.add(40).write(7);
+        }
+        for _ in 0..100_000 {
+            tlmalloc::malloc(64);
+        }
+        unreachable!("the write after free was not detected");
+    }
+    let out = common::run_child(
+        "write_after_free_is_reported_with_check",
+        CASE_VAR,
+        "write-after-free",
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = common::aborted_stderr(&out);
+    let line = report_line(&stderr, "malloc", "write after free at offset 40");
+    let block = stdout
+        .split_whitespace()
+        .find(|word| word.starts_with("0x"))
+        .expect("the child printed the block's address");
+    assert!(line.contains(&format!("({block})")), "{line} names {block}");
+}
+
+/// With `check`, an overwritten free-list link is caught before it is followed.
+#[cfg(feature = "check")]
+#[test]
+fn overwritten_link_is_reported_with_check() {
+    expect_free_report_fn(
+        "overwritten_link_is_reported_with_check",
+        "link",
+        "malloc",
+        "free-list link overwritten (write after free)",
+        || {
+            let p = tlmalloc::malloc(64);
+            // SAFETY: deliberately wrong: the freed block's link is overwritten.
+            unsafe {
+                tlmalloc::free(p);
+                p.cast::<usize>().write(0x1234_5678);
+            }
+            for _ in 0..100_000 {
+                tlmalloc::malloc(64);
+            }
+        },
+    );
+}
+
+/// As [`expect_free_report`], for a report by `function`.
+#[cfg(feature = "check")]
+fn expect_free_report_fn(
+    test_name: &str,
+    case: &str,
+    function: &str,
+    reason: &str,
+    body: impl FnOnce(),
+) {
+    if std::env::var(CASE_VAR).as_deref() == Ok(case) {
+        body();
+        unreachable!("{case}: the misuse was not detected");
+    }
+    let stderr = run_child(test_name, case);
+    report_line(&stderr, function, reason);
+}

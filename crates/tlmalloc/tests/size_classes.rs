@@ -74,7 +74,7 @@ fn class_sizes_strictly_increase() {
         );
     }
     assert_eq!(class_size(CLASS_COUNT - 1), MEDIUM_SIZE_MAX);
-    assert_eq!(class_size(0), 8);
+    assert_eq!(class_size(0), 16);
 }
 
 #[test]

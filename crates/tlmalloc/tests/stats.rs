@@ -75,7 +75,7 @@ fn layout_version_and_classes() {
     assert_eq!(s.counters_enabled, u64::from(cfg!(feature = "stats")));
     let classes = &s.classes[..s.class_count as usize];
     assert_eq!(s.class_count as usize, s.classes.len());
-    assert_eq!(classes[0].block_size, 8);
+    assert_eq!(classes[0].block_size, 16);
     assert_eq!(classes.last().unwrap().block_size, 128 * 1024);
     for w in classes.windows(2) {
         assert!(w[0].block_size < w[1].block_size, "classes ascend");
@@ -200,7 +200,7 @@ fn debug_text_and_json() {
         "{json}"
     );
     assert!(json.contains("\"live_bytes\":"), "{json}");
-    assert!(json.contains("\"classes\":[{\"size\":8,"), "{json}");
+    assert!(json.contains("\"classes\":[{\"size\":16,"), "{json}");
     assert_eq!(json.matches("{\"size\":").count(), s.class_count as usize);
     for (name, _, value) in s.scalars() {
         let key = format!("\"{name}\":{value}");

@@ -43,7 +43,7 @@ _Static_assert(sizeof(tl_stats_t) == 8 + 8 * STATS_SCALARS + 24 * TL_STATS_CLASS
 _Static_assert(offsetof(tl_stats_t, classes) == 8 + 8 * STATS_SCALARS,
                "tl_stats_t.classes offset differs from the library's Stats");
 _Static_assert(offsetof(tl_stats_t, counters_enabled) == 8, "first scalar after the two uint32_t");
-_Static_assert(TL_STATS_CLASSES == 89, "the number of size classes");
+_Static_assert(TL_STATS_CLASSES == 88, "the number of size classes");
 _Static_assert(TL_STATS_VERSION == 1, "the layout checked here");
 
 /* Whether the library counts every allocation and free (built with the
@@ -676,7 +676,7 @@ static void test_stats(void) {
      * header says, these would be the 0xab filler or scalars. */
     CHECK(offsetof(tl_stats_t, classes) == 8 + 8 * STATS_SCALARS);
     CHECK((char *)&s.classes[0] - (char *)&s == (ptrdiff_t)offsetof(tl_stats_t, classes));
-    CHECK(s.classes[0].block_size == 8);
+    CHECK(s.classes[0].block_size == 16);
     CHECK(s.classes[TL_STATS_CLASSES - 1].block_size == 128 * 1024);
     int ordered = 1;
     for (int c = 0; c < TL_STATS_CLASSES; c++) {
