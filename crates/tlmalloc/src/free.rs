@@ -70,6 +70,9 @@ pub unsafe fn free_local(heap: &ThreadHeap, page: *mut Page, p: *mut u8) {
 #[cold]
 #[inline(never)]
 unsafe fn page_emptied(heap: &ThreadHeap, page: *mut Page) {
+    if heap.keeps_empty_pages() {
+        return; // realtime-prepared: the page stays queued with its blocks
+    }
     heap.tick_purge();
     let was = heap.begin_change();
     // SAFETY: `[heap-owner]` and `[heap-busy]`: the caller is the heap's
