@@ -370,6 +370,8 @@ pub fn alloc(
             // SAFETY: `[cache-ownership]`: the cache handed us the segment,
             // whose capacity is at least `usable`.
             let p = unsafe { reuse_fitted(segment, usable) };
+            // SAFETY: as above.
+            unsafe { (*segment).rt_kept = held };
             // SAFETY: as above; the block holds at least `size` bytes.
             unsafe { clear_unless_zeroed(segment, p, size, zero) };
             return Some((p, usable, origin));
@@ -377,6 +379,8 @@ pub fn alloc(
         if let Some(grown) = local.and_then(|l| grow_cached(l, usable)) {
             // SAFETY: a segment of ours grown to hold `usable` bytes.
             let p = unsafe { reuse_fitted(grown, usable) };
+            // SAFETY: as above.
+            unsafe { (*grown).rt_kept = held };
             // SAFETY: as above.
             unsafe { clear_unless_zeroed(grown, p, size, zero) };
             return Some((p, usable, Origin::LocalCache));
@@ -391,6 +395,7 @@ pub fn alloc(
     }
     // SAFETY: a fresh large segment of ours (`[large-segment]`).
     unsafe {
+        (*segment).rt_kept = held;
         let p = (*segment).large_block();
         clear_unless_zeroed(segment, p, size, zero);
         Some((p, (*segment).pages[0].block_size, Origin::Mapped))
@@ -443,8 +448,10 @@ fn take_cached(local: Option<&mut LocalLargeCache>, usable: usize) -> (*mut Segm
 #[cold]
 #[inline(never)]
 fn grow_cached(local: &mut LocalLargeCache, usable: usize) -> Option<*mut Segment> {
-    if rt_level::defers() {
-        return None; // growing enters the kernel (and would release the block on failure)
+    if rt_level::defers() || local.held() {
+        // Growing enters the kernel (and releases the block on failure);
+        // a held cache's blocks are its thread's working set.
+        return None;
     }
     let segment = local.take_largest();
     if segment.is_null() {
@@ -573,13 +580,17 @@ pub unsafe fn recycle(
     // SAFETY: caller contract.
     unsafe {
         let cacheable = large_cacheable(segment);
-        let held = local.as_deref().is_some_and(LocalLargeCache::held);
+        // A held cache keeps the blocks its thread allocated, any size; a
+        // foreign block goes where it would from any other thread.
+        let held = local.as_deref().is_some_and(LocalLargeCache::held) && (*segment).rt_kept;
         if cacheable || (held && large_standard(segment)) {
             large_mark_cached(segment, stamp_ms);
             arena::note_purgeable();
             if let Some(local) = local {
                 let kept = if held {
                     local.put(segment, || usize::MAX)
+                } else if local.held() {
+                    false // the held slots are its own thread's
                 } else {
                     local.put(segment, || cache_bound(own_live) / 4)
                 };
