@@ -27,7 +27,6 @@ use crate::lock::SpinLock;
 use crate::os;
 use crate::page::Page;
 use crate::purge::{self, PurgeClock, PurgePolicy};
-use crate::rt_level;
 use crate::segment::{Segment, SegmentKind};
 use crate::size_class::{class_size, CLASS_COUNT};
 use crate::sync::{compiler_fence, AtomicBool, Ordering};
@@ -338,13 +337,10 @@ impl ThreadHeap {
     /// heap's pass (and the process-wide one, if no other thread runs it)
     /// when it is due. Owner only, outside a change.
     ///
-    /// A deferring thread (`rt_level::defers`) does not tick: its purges
-    /// are left to the background purger and to drains.
+    /// On a deferring thread (`rt_level::defers`) no pass is ever due
+    /// (`PurgeClock`): its purges are left to the purger and to drains.
     #[inline]
     pub fn tick_purge(&self) {
-        if rt_level::defers() {
-            return;
-        }
         // SAFETY: `[heap-owner]`: the clock is an owner-only field, which
         // the purger never touches.
         let due = unsafe { (*self.state.get()).purge.tick() };

@@ -24,7 +24,7 @@
 //!
 //! Realtime (`realtime.rs`): a held local cache (a prepared thread's
 //! prewarmed blocks) is never purged by a pass, and a deferring thread
-//! never runs the process-wide pass (its heap's own clock is not ticked).
+//! never runs a pass: its clock is never due, and it skips the process-wide one.
 //!
 //! Worst case: memory stays resident while no thread reaches a slow path
 //! (a process that stops allocating keeps its free memory until it
@@ -107,6 +107,9 @@ impl PurgeClock {
     #[cold]
     #[inline(never)]
     fn due_now(&mut self) -> Option<(u64, PurgePolicy)> {
+        if rt_level::defers() {
+            return None; // never due on a deferring thread
+        }
         let now = os::now_ms();
         if now < self.next_purge_ms {
             return None;
