@@ -287,6 +287,58 @@ int tl_option_set(const char *name, const char *value);
  * NULL. */
 int64_t tl_option_get(const char *name);
 
+/* ---- Realtime mode ------------------------------------------------------
+ * A marked thread whose malloc, free, calloc, realloc and aligned
+ * allocations make no mmap, munmap, mremap, madvise, mprotect or brk call,
+ * given tl_prewarm of its working set and a working set that does not
+ * grow. The contract, its preconditions and what it cannot cover (stack,
+ * code pages, other libraries, THP, first touches) are in README.md,
+ * "Realtime mode". */
+
+#define TL_RT_OFF 0   /* the allocator enters the kernel when it needs to */
+#define TL_RT_DEFER 1 /* unmaps parked for tl_rt_drain, purges deferred */
+
+/* Set the calling thread's realtime level (TL_RT_OFF or TL_RT_DEFER);
+ * returns the previous one, or -1 with errno = EINVAL for another value.
+ * Marking a thread also prepares its heap (as tl_prewarm does), for the
+ * thread's life. */
+int tl_rt_thread(int level);
+
+/* From the realtime thread, outside its critical part: make counts[i]
+ * blocks of sizes[i] bytes available to this thread without any system
+ * call, their pages touched (faulted in, not just mapped). The heap keeps
+ * them, unpurged, for the thread's life. Prewarm the whole working set in
+ * one call; at most 8 blocks above 128 KiB in all. Returns 0, or -1 with
+ * errno = ENOMEM (memory refused, an impossible size, too many large
+ * blocks, an exiting thread). */
+int tl_prewarm(const size_t *sizes, const size_t *counts, size_t n);
+
+/* From any thread, outside critical sections: perform all the work that
+ * deferring threads left, process-wide (unmap every parked range, run the
+ * due purge of the shared caches). */
+void tl_rt_drain(void);
+
+/* Process-wide count of the times a marked thread entered the kernel
+ * inside the allocator (to map, grow or purge memory it was not prepared
+ * for). The contract held over a section iff this and
+ * tl_rt_forced_releases() did not change. */
+unsigned long long tl_rt_violations(void);
+
+/* Frees of deferring threads that unmapped inline because
+ * TLMALLOC_RT_PENDING_MAX bytes were parked already. */
+unsigned long long tl_rt_forced_releases(void);
+
+/* Bytes whose unmap is parked, awaiting tl_rt_drain or the background purger. */
+size_t tl_rt_pending_bytes(void);
+
+/* Lock (mlock: fault in and keep) every segment and large block tlmalloc
+ * has mapped, and only those; returns the bytes locked (ranges the kernel
+ * refuses, e.g. past RLIMIT_MEMLOCK, are skipped). A set-up call: no other
+ * thread may free or resize memory meanwhile. tl_munlock undoes it and
+ * returns the bytes unlocked. */
+size_t tl_mlock(void);
+size_t tl_munlock(void);
+
 /* The library version as a string, e.g. "0.1.0". */
 const char *tl_version(void);
 

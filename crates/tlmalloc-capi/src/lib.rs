@@ -15,6 +15,7 @@
 //! | [`stats_api`] | `tl_stats`: every statistic as `tl_stats_t` (the core's `Stats`, layout asserted at compile time) |
 //! | [`summary`] | the statistics summary printed at exit (`TLMALLOC_SHOW_STATS`), and `tl_print_stats` |
 //! | [`options`] | `tl_option_set` and `tl_option_get`: the `TLMALLOC_*` runtime options by name |
+//! | [`realtime_api`] | `tl_rt_thread`, `tl_prewarm`, `tl_rt_drain`, `tl_rt_violations`, `tl_rt_forced_releases`, `tl_rt_pending_bytes`, `tl_mlock`, `tl_munlock`: the realtime mode |
 //!
 //! Rules every exported function follows:
 //! - **It never allocates** (no `alloc`, no `std` collections or formatting
@@ -72,6 +73,7 @@ pub mod cxx;
 pub mod heap_api;
 pub mod options;
 pub mod pool_api;
+pub mod realtime_api;
 pub mod stats_api;
 pub mod summary;
 

@@ -282,3 +282,18 @@ fn extension_symbols_are_exported() {
         assert!(exported.iter().any(|e| e == name), "{name} is not exported");
     }
 }
+
+/// tests/c/realtime.c: the realtime mode's C API. A marked, prewarmed
+/// thread under a per-thread seccomp filter (trapping every memory system
+/// call) runs every tier and cross-thread frees with no violation; an
+/// unprepared 300 MiB request raises `tl_rt_violations`, a foreign block
+/// freed in the section is parked, and `tl_rt_drain` leaves nothing
+/// pending; bad arguments get -1 and errno. x86-64 only.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn c_realtime_mode() {
+    let dir = scratch("realtime");
+    let exe = build_program(&dir, "c", "realtime.c", "realtime");
+    let out = run_with(&lib_dir(), &exe, &[]);
+    assert_all_passed("realtime.c", &out, None);
+}

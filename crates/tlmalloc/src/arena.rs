@@ -6,6 +6,11 @@
 //! Emptying the caches first and trying again is the allocation path's
 //! decision (it knows which caches it holds), not this layer's.
 //!
+//! It is also where the realtime mode (`rt_level.rs`) meets the kernel:
+//! a marked thread's call is counted as a violation here, a deferring
+//! thread's unmap is parked on the pending list (`rt_pending.rs`) instead
+//! of made, and its purges are skipped.
+//!
 //! Empty 4 MiB segments go to a small cache (`SEGMENT_CACHE_SLOTS`) so that
 //! a thread that frees its last page and allocates again does not map and
 //! unmap every time.
@@ -17,6 +22,8 @@ use crate::counters;
 use crate::lock::SpinLock;
 use crate::options::{self, Opt};
 use crate::os;
+use crate::rt_level;
+use crate::rt_pending;
 use crate::segment::{Segment, SegmentKind};
 use crate::segment_map::{self, CHUNK_FOREIGN, CHUNK_SEGMENT};
 use crate::sync::{AtomicBool, AtomicU32, Ordering};
@@ -96,6 +103,11 @@ fn note_purgeable_slow() {
     // reads `PURGEABLE`; we set `PURGEABLE` and then read `PURGER_ASLEEP`,
     // so one of us sees the other and the purger never sleeps on work.
     PURGEABLE.store(true, Ordering::SeqCst);
+    // A deferring thread makes no system call, not even the wake: the
+    // purger finds the flag on its next pass (or a drain does the work).
+    if rt_level::defers() {
+        return;
+    }
     if PURGER_ASLEEP.load(Ordering::SeqCst) == 1 && PURGER_ASLEEP.swap(0, Ordering::SeqCst) == 1 {
         os::futex_wake(&PURGER_ASLEEP);
     }
@@ -140,6 +152,7 @@ pub fn map(size: usize) -> *mut u8 {
     if !reserve_ok(size) {
         return ptr::null_mut();
     }
+    rt_level::note_kernel_entry();
     let p = os::map(size);
     if !p.is_null() {
         counters::record_map(size);
@@ -153,6 +166,7 @@ pub fn map_aligned(size: usize, align: usize) -> *mut u8 {
     if !reserve_ok(size) {
         return ptr::null_mut();
     }
+    rt_level::note_kernel_entry();
     let p = os::map_aligned(size, align);
     if !p.is_null() {
         counters::record_map(size);
@@ -161,11 +175,20 @@ pub fn map_aligned(size: usize, align: usize) -> *mut u8 {
     p
 }
 
-/// Give `[p, p + size)` back to the OS.
+/// Give `[p, p + size)` back to the OS — or, on a deferring thread, park
+/// it for a drain (past `TLMALLOC_RT_PENDING_MAX`, unmap it anyway and
+/// count a forced release).
 ///
 /// # Safety
 /// The range was mapped through this module and nothing uses it any more.
 pub unsafe fn unmap(p: *mut u8, size: usize) {
+    if rt_level::defers() {
+        // SAFETY: caller contract (ranges of ours are page multiples).
+        if unsafe { rt_pending::park(p, size) } {
+            return;
+        }
+        rt_level::note_forced_release();
+    }
     // SAFETY: caller contract.
     unsafe { os::unmap(p, size) };
     counters::record_unmap(size);
@@ -178,6 +201,9 @@ pub unsafe fn unmap(p: *mut u8, size: usize) {
 /// The range is mapped through this module, page-aligned, and its contents
 /// are not needed.
 pub unsafe fn purge(p: *mut u8, size: usize, lazy: bool) -> bool {
+    if rt_level::defers() {
+        return false; // deferred: the memory stays resident, as it is
+    }
     // SAFETY: caller contract.
     let done = unsafe { os::purge(p, size, lazy) };
     if done {
@@ -195,6 +221,7 @@ pub unsafe fn grow_in_place(p: *mut u8, old: usize, new: usize) -> bool {
     if !reserve_ok(new - old) {
         return false;
     }
+    rt_level::note_kernel_entry();
     // SAFETY: caller contract.
     let done = unsafe { os::grow_in_place(p, old, new) };
     if done {
@@ -211,6 +238,7 @@ pub unsafe fn grow_in_place(p: *mut u8, old: usize, new: usize) -> bool {
 /// Both ranges are mappings made through this module; `new >= old`;
 /// nothing uses `to` yet.
 pub unsafe fn move_mapping(from: *mut u8, old: usize, to: *mut u8, new: usize) -> bool {
+    rt_level::note_kernel_entry();
     // SAFETY: caller contract.
     let done = unsafe { os::move_mapping(from, old, to, new) };
     if done {

@@ -126,6 +126,9 @@ unsafe fn free_local_suspect(heap: &ThreadHeap, p: *mut u8, key: usize) {
 #[cold]
 #[inline(never)]
 unsafe fn page_emptied(heap: &ThreadHeap, p: *mut u8) {
+    if heap.keeps_empty_pages() {
+        return; // realtime-prepared: the page stays queued with its blocks
+    }
     // SAFETY: `[segment-header]`: `p` lies in a live small or medium segment.
     let page = unsafe { Segment::page_of(Segment::of(p), p) };
     heap.tick_purge();

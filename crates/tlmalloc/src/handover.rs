@@ -43,11 +43,13 @@ pub fn thread_exit(value: *mut c_void) {
 /// Release every empty page and segment of a heap's state; abandon the rest.
 pub fn abandon_heap(state: &mut HeapState) {
     let max = large::cache_bound(0);
+    state.local_large.set_held(false);
     state.local_large.retain(|segment| {
         // SAFETY: `[cache-ownership]`: evicted from the local level, ours to
         // pass on or release.
         unsafe {
-            if !SHARED.put(segment, max) {
+            // A held cache may keep blocks beyond the shared level's classes.
+            if !large::large_cacheable(segment) || !SHARED.put(segment, max) {
                 large::large_release(segment);
             }
         }

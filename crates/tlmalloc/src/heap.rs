@@ -344,6 +344,9 @@ impl ThreadHeap {
     /// Count one slow-path call towards the purge clock, and run this
     /// heap's pass (and the process-wide one, if no other thread runs it)
     /// when it is due. Owner only, outside a change.
+    ///
+    /// On a deferring thread (`rt_level::defers`) no pass is ever due
+    /// (`PurgeClock`): its purges are left to the purger and to drains.
     #[inline]
     pub fn tick_purge(&self) {
         // SAFETY: `[heap-owner]`: the clock is an owner-only field, which
@@ -356,6 +359,16 @@ impl ThreadHeap {
             self.end_change(was);
             purge::purge_shared(now, false);
         }
+    }
+
+    /// Whether the heap is realtime-prepared (`realtime.rs`): it keeps its
+    /// emptied pages queued, with their blocks, instead of giving them back
+    /// to their segments, and its large-block cache is held. Owner only.
+    #[inline]
+    pub fn keeps_empty_pages(&self) -> bool {
+        // SAFETY: `[heap-owner]`: the owner reads its own state's flag, which
+        // only it writes.
+        unsafe { (*self.state.get()).local_large.held() }
     }
 
     /// Count a large block allocated (`alloc`) or freed, of `bytes` usable
@@ -437,7 +450,7 @@ impl HeapState {
 
 /// [`HeapState::holds_purgeable`] on the parts the purger may read.
 fn holds_purgeable_parts(segments: &[List<Segment>; LIST_COUNT], local: &LocalLargeCache) -> bool {
-    if local.bytes() > 0 {
+    if local.bytes() > 0 && !local.held() {
         return true;
     }
     for list in segments {
@@ -484,6 +497,11 @@ impl ThreadHeap {
         unsafe {
             let segments = &*ptr::addr_of!((*state).segments);
             let local_large = &mut *ptr::addr_of_mut!((*state).local_large);
+            if local_large.held() {
+                // A realtime-prepared heap: its owner may be waiting for
+                // us in `begin_change`, so touch nothing and let it go.
+                return;
+            }
             purge_parts(segments, local_large, now_ms, policy, false);
         }
     }

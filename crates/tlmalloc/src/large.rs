@@ -15,6 +15,12 @@
 //! freed block ([`alloc`], [`recycle`]). The caches themselves are plain
 //! containers (`large_cache.rs`); the calling thread's level is passed in
 //! by the heap that holds it, and counting per heap is the caller's.
+//!
+//! A realtime-prepared thread's local level is *held* (`realtime.rs`):
+//! it keeps blocks of any size, standard layout, without a byte bound, and
+//! serves requests beyond `LARGE_CACHE_SIZE_MAX` too; and a deferring
+//! thread (`rt_level::defers`) never grows a block with `mremap` nor trims
+//! one it reuses, since both enter the kernel.
 
 use core::ptr;
 
@@ -24,6 +30,7 @@ use crate::counters;
 use crate::large_cache::{LocalLargeCache, SHARED};
 use crate::options::{self, Opt};
 use crate::report;
+use crate::rt_level;
 use crate::segment::{Segment, SegmentKind, SEGMENT_HEADER_SIZE};
 use crate::segment_map::{self, CHUNK_FOREIGN, CHUNK_HEADER_BELOW, CHUNK_SEGMENT};
 use crate::size_class::{class_of_const, class_size_const};
@@ -169,11 +176,21 @@ unsafe fn install_block(segment: *mut Segment, offset: usize, usable: usize) {
 /// `segment` is a live large segment.
 #[inline]
 pub unsafe fn large_cacheable(segment: *mut Segment) -> bool {
+    // SAFETY: caller contract; constant fields of a live header.
+    unsafe { (*segment).pages[0].block_size <= LARGE_CACHE_SIZE_MAX && large_standard(segment) }
+}
+
+/// Whether a large segment has the standard layout (its block one page
+/// after its header, its mapping starting at the header), so that a held
+/// local level may keep it whatever its size.
+///
+/// # Safety
+/// `segment` is a live large segment.
+#[inline]
+pub unsafe fn large_standard(segment: *mut Segment) -> bool {
     // SAFETY: constant fields of a live header.
     unsafe {
-        let page = &(*segment).pages[0];
-        page.block_size <= LARGE_CACHE_SIZE_MAX
-            && page.area as usize - segment as usize == LARGE_BLOCK_OFFSET
+        (*segment).pages[0].area as usize - segment as usize == LARGE_BLOCK_OFFSET
             && (*segment).map_base == segment.cast()
     }
 }
@@ -283,6 +300,9 @@ pub unsafe fn large_grow(segment: *mut Segment, usable: usize) -> *mut Segment {
             (*segment).pages[0].block_size = usable;
             return segment;
         }
+        if rt_level::defers() {
+            return ptr::null_mut(); // `mremap` enters the kernel: copy instead
+        }
         if arena::grow_in_place(segment.cast(), old_size, new_size) {
             (*segment).map_size = new_size;
             (*segment).pages[0].block_size = usable;
@@ -343,12 +363,15 @@ pub fn alloc(
     zero: bool,
 ) -> Option<(*mut u8, usize, Origin)> {
     let usable = large_usable(size)?;
-    if align <= OS_PAGE_SIZE && usable <= LARGE_CACHE_SIZE_MAX {
+    let held = local.as_deref().is_some_and(LocalLargeCache::held);
+    if align <= OS_PAGE_SIZE && (usable <= LARGE_CACHE_SIZE_MAX || held) {
         let (segment, origin) = take_cached(local.as_deref_mut(), usable);
         if !segment.is_null() {
             // SAFETY: `[cache-ownership]`: the cache handed us the segment,
             // whose capacity is at least `usable`.
             let p = unsafe { reuse_fitted(segment, usable) };
+            // SAFETY: as above.
+            unsafe { (*segment).rt_kept = held };
             // SAFETY: as above; the block holds at least `size` bytes.
             unsafe { clear_unless_zeroed(segment, p, size, zero) };
             return Some((p, usable, origin));
@@ -356,6 +379,8 @@ pub fn alloc(
         if let Some(grown) = local.and_then(|l| grow_cached(l, usable)) {
             // SAFETY: a segment of ours grown to hold `usable` bytes.
             let p = unsafe { reuse_fitted(grown, usable) };
+            // SAFETY: as above.
+            unsafe { (*grown).rt_kept = held };
             // SAFETY: as above.
             unsafe { clear_unless_zeroed(grown, p, size, zero) };
             return Some((p, usable, Origin::LocalCache));
@@ -370,6 +395,7 @@ pub fn alloc(
     }
     // SAFETY: a fresh large segment of ours (`[large-segment]`).
     unsafe {
+        (*segment).rt_kept = held;
         let p = (*segment).large_block();
         clear_unless_zeroed(segment, p, size, zero);
         Some((p, (*segment).pages[0].block_size, Origin::Mapped))
@@ -405,6 +431,9 @@ fn take_cached(local: Option<&mut LocalLargeCache>, usable: usize) -> (*mut Segm
             return (segment, Origin::LocalCache);
         }
     }
+    if usable > LARGE_CACHE_SIZE_MAX {
+        return (ptr::null_mut(), Origin::SharedCache); // beyond the shared bins
+    }
     let segment = SHARED.take(usable);
     if !segment.is_null() {
         counters::record_large_cache(true);
@@ -419,6 +448,11 @@ fn take_cached(local: Option<&mut LocalLargeCache>, usable: usize) -> (*mut Segm
 #[cold]
 #[inline(never)]
 fn grow_cached(local: &mut LocalLargeCache, usable: usize) -> Option<*mut Segment> {
+    if rt_level::defers() || local.held() {
+        // Growing enters the kernel (and releases the block on failure);
+        // a held cache's blocks are its thread's working set.
+        return None;
+    }
     let segment = local.take_largest();
     if segment.is_null() {
         return None;
@@ -454,7 +488,9 @@ unsafe fn reuse_fitted(segment: *mut Segment, usable: usize) -> *mut u8 {
     unsafe {
         let p = large_reuse(segment, usable);
         let slack = TRIM_SLACK.max(usable / 8);
-        if (*segment).map_size > SEGMENT_SIZE || (*segment).large_touched > usable + slack {
+        if ((*segment).map_size > SEGMENT_SIZE || (*segment).large_touched > usable + slack)
+            && !rt_level::defers()
+        {
             give_back_excess(segment, p, usable, slack);
         }
         p
@@ -525,7 +561,8 @@ pub unsafe fn assert_live(segment: *mut Segment) {
 }
 
 /// Keep a freed large block for reuse: in `local` (the freeing thread's
-/// level, when it has one), else the shared level, else give it back.
+/// level, when it has one; a held one keeps any standard block without a
+/// byte bound), else the shared level, else give it back.
 /// `stamp_ms` is its cache time (0: the next purge pass stamps it, so a
 /// free needs no clock read); `own_live` the freeing thread's live large
 /// bytes, for the cache's bound ([`cache_bound`]).
@@ -542,15 +579,26 @@ pub unsafe fn recycle(
 ) {
     // SAFETY: caller contract.
     unsafe {
-        if large_cacheable(segment) {
+        let cacheable = large_cacheable(segment);
+        // A held cache keeps the blocks its thread allocated, any size; a
+        // foreign block goes where it would from any other thread.
+        let held = local.as_deref().is_some_and(LocalLargeCache::held) && (*segment).rt_kept;
+        if cacheable || (held && large_standard(segment)) {
             large_mark_cached(segment, stamp_ms);
             arena::note_purgeable();
             if let Some(local) = local {
-                if local.put(segment, || cache_bound(own_live) / 4) {
+                let kept = if held {
+                    local.put(segment, || usize::MAX)
+                } else if local.held() {
+                    false // the held slots are its own thread's
+                } else {
+                    local.put(segment, || cache_bound(own_live) / 4)
+                };
+                if kept {
                     return;
                 }
             }
-            if SHARED.put(segment, cache_bound(own_live)) {
+            if cacheable && SHARED.put(segment, cache_bound(own_live)) {
                 return;
             }
         }

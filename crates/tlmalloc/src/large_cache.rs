@@ -80,11 +80,18 @@ unsafe fn segment_bytes(segment: *mut Segment) -> usize {
 /// A thread's own cache of freed large blocks (owner only). Each slot
 /// keeps the block's capacity beside it, so a lookup reads no header, and
 /// a bit mask of the occupied slots, so it looks at those only.
+///
+/// While `held` (a realtime thread's prewarmed working set, see
+/// `realtime.rs`), the cache keeps whatever it is given up to its slots —
+/// no byte bound, blocks of any size — and the purge passes leave it alone:
+/// the tier and the purge policy read the flag, this container only stores it.
 pub struct LocalLargeCache {
     slots: [*mut Segment; LOCAL_SLOTS],
     capacity: [usize; LOCAL_SLOTS],
     /// Bit `i` set when `slots[i]` holds a block.
     occupied: u8,
+    /// The owning thread is realtime-prepared: keep, do not purge (owner-written).
+    held: bool,
     bytes: usize,
 }
 
@@ -97,6 +104,7 @@ impl LocalLargeCache {
             slots: [ptr::null_mut(); LOCAL_SLOTS],
             capacity: [0; LOCAL_SLOTS],
             occupied: 0,
+            held: false,
             bytes: 0,
         }
     }
@@ -196,6 +204,27 @@ impl LocalLargeCache {
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// Blocks held.
+    pub fn len(&self) -> usize {
+        self.occupied.count_ones() as usize
+    }
+
+    /// Whether the cache is empty.
+    pub fn is_empty(&self) -> bool {
+        self.occupied == 0
+    }
+
+    /// Whether the owner is realtime-prepared (see the type).
+    #[inline]
+    pub fn held(&self) -> bool {
+        self.held
+    }
+
+    /// Mark the cache held (or not); owner only.
+    pub fn set_held(&mut self, held: bool) {
+        self.held = held;
     }
 }
 

@@ -50,6 +50,8 @@ pub mod lock;
 pub mod options;
 #[cfg(not(loom))]
 mod report;
+#[cfg(not(loom))]
+mod rt_level;
 
 // Metadata.
 #[doc(hidden)]
@@ -71,6 +73,8 @@ mod large;
 pub mod large_cache;
 #[cfg(not(loom))]
 mod purge;
+#[cfg(not(loom))]
+mod rt_pending;
 
 // The heap.
 #[cfg(all(not(loom), feature = "check"))]
@@ -114,6 +118,8 @@ mod allocator_api;
 mod api;
 #[cfg(not(loom))]
 mod pool;
+#[cfg(not(loom))]
+pub mod realtime;
 #[cfg(not(loom))]
 mod user_heap;
 

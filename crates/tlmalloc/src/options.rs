@@ -14,6 +14,8 @@
 //! | `TLMALLOC_STATS_JSON` | (none) | path | file the statistics are written to as JSON at exit (at most 255 bytes) |
 //! | `TLMALLOC_BACKGROUND_PURGE` | `on` | bool | a background thread (started when there first is free memory to return) purges idle threads' free pages and every cache on time |
 //! | `TLMALLOC_VERBOSE` | `off` | bool | at start-up, print every option with its value and where it came from |
+//! | `TLMALLOC_RT_DEFAULT` | `off` | word | the realtime floor of every thread: `off`, or `defer` (no thread's `free` unmaps or purges; that work waits for `tlmalloc::realtime::drain` or the background purger) |
+//! | `TLMALLOC_RT_PENDING_MAX` | `1g` | bytes | the most bytes whose unmap a deferring thread parks; past it the free unmaps inline and counts a forced release |
 //!
 //! Sizes accept a `k`, `m` or `g` suffix (powers of 1024); booleans accept
 //! `0`/`1`, `no`/`yes`, `false`/`true`, `off`/`on`. A bad value prints one
@@ -159,6 +161,22 @@ options! {
         show: show_bool,
         doc: "at start-up, print every option with its value and where it came from on stderr",
     },
+    RtDefault {
+        env: "TLMALLOC_RT_DEFAULT",
+        default: RT_OFF,
+        unit: "word",
+        parse: parse_rt_level,
+        show: show_rt_level,
+        doc: "the realtime floor of every thread: `off`, or `defer` (no thread's free unmaps or purges; that work waits for a drain or the background purger)",
+    },
+    RtPendingMax {
+        env: "TLMALLOC_RT_PENDING_MAX",
+        default: 1 << 30,
+        unit: "bytes",
+        parse: parse_size,
+        show: show_size,
+        doc: "the most bytes whose unmap a deferring thread parks for a drain; past it the free unmaps inline and counts a forced release",
+    },
 }
 
 const _: () = {
@@ -195,6 +213,10 @@ pub const THP_SYSTEM: usize = 0;
 pub const THP_ALWAYS: usize = 1;
 /// `Thp` value: advise against huge pages.
 pub const THP_NEVER: usize = 2;
+/// `RtDefault` value: threads enter the kernel when they need to.
+pub const RT_OFF: usize = 0;
+/// `RtDefault` value: every thread defers its unmaps and purges.
+pub const RT_DEFER: usize = 1;
 /// `ShowStats` value: no process prints.
 pub const SHOW_STATS_OFF: usize = 0;
 /// `ShowStats` value: every process prints.
@@ -596,6 +618,14 @@ fn show_thp(v: usize, out: &mut ValueText) {
     };
 }
 
+fn show_rt_level(v: usize, out: &mut ValueText) {
+    match v {
+        RT_OFF => out.0.push(b"off"),
+        RT_DEFER => out.0.push(b"defer"),
+        _ => out.0.decimal(v),
+    };
+}
+
 fn show_bool(v: usize, out: &mut ValueText) {
     out.0.push(if v != 0 { b"on" } else { b"off" });
 }
@@ -670,6 +700,13 @@ fn parse_thp(text: &[u8]) -> Option<usize> {
     .iter()
     .find(|(word, _)| text.eq_ignore_ascii_case(word))
     .map(|&(_, v)| v)
+}
+
+fn parse_rt_level(text: &[u8]) -> Option<usize> {
+    [(&b"off"[..], RT_OFF), (b"defer", RT_DEFER)]
+        .iter()
+        .find(|(word, _)| text.eq_ignore_ascii_case(word))
+        .map(|&(_, v)| v)
 }
 
 /// `text` without surrounding ASCII white space (a value from an env file

@@ -22,6 +22,10 @@
 //! its own clock. So memory is purged between `delay` and `delay + interval`
 //! after it was freed (the interval is `delay / 4`, at most 1 s).
 //!
+//! Realtime (`realtime.rs`): a held local cache (a prepared thread's
+//! prewarmed blocks) is never purged by a pass, and a deferring thread
+//! never runs a pass: its clock is never due, and it skips the process-wide one.
+//!
 //! Worst case: memory stays resident while no thread reaches a slow path
 //! (a process that stops allocating keeps its free memory until it
 //! allocates again or calls `tlmalloc::collect()`). The hot paths never
@@ -32,6 +36,7 @@ use crate::large;
 use crate::large_cache::{LocalLargeCache, SHARED};
 use crate::options::{self, Opt, PURGE_FREE};
 use crate::os;
+use crate::rt_level;
 use crate::segment::Segment;
 use crate::sync::{AtomicUsize, Ordering};
 
@@ -102,6 +107,9 @@ impl PurgeClock {
     #[cold]
     #[inline(never)]
     fn due_now(&mut self) -> Option<(u64, PurgePolicy)> {
+        if rt_level::defers() {
+            return None; // never due on a deferring thread
+        }
         let now = os::now_ms();
         if now < self.next_purge_ms {
             return None;
@@ -176,13 +184,17 @@ pub unsafe fn keep_cached_large(segment: *mut Segment, now_ms: u64, policy: Purg
     }
 }
 
-/// Purge a heap's local large-block cache (with `force`: release all of it).
+/// Purge a heap's local large-block cache (with `force`: release all of
+/// it). A held cache is left alone unless forced.
 pub fn purge_local_cache(
     cache: &mut LocalLargeCache,
     now_ms: u64,
     policy: PurgePolicy,
     force: bool,
 ) {
+    if cache.held() && !force {
+        return;
+    }
     cache.retain(|segment| {
         // SAFETY: `[cache-ownership]`: the cache lends us the segment for the call.
         if !force && unsafe { keep_cached_large(segment, now_ms, policy) } {
@@ -199,6 +211,9 @@ pub fn purge_local_cache(
 pub fn purge_shared(now_ms: u64, force: bool) {
     let policy = PurgePolicy::current();
     if !force {
+        if rt_level::defers() {
+            return; // left to the purger and to drains
+        }
         let next = NEXT_SHARED_PURGE_MS.load(Ordering::Relaxed) as u64;
         if now_ms < next {
             return;

@@ -16,6 +16,13 @@
 //!    dirty free pages and cached large blocks, by the same rules its
 //!    owner's clock would apply — then releases it.
 //!
+//! Each pass also unmaps the ranges deferring (realtime) threads parked
+//! (`rt_pending.rs`); the purger itself is exempt from the realtime floor,
+//! and a marked thread never starts it (`pthread_create` maps a stack).
+//! Deferring threads do not ring the doorbell (a `futex` wake is a system
+//! call), so once the realtime mode is in use (`rt_level::in_use`) the
+//! purger never sleeps for good: it looks again every interval.
+//!
 //! When a pass finds nothing left to wait for, the purger sleeps on a futex
 //! until the doorbell rings (`arena::note_purgeable`). Without `membarrier`
 //! (an old kernel, a seccomp filter) step 3 is skipped and idle heaps keep
@@ -33,6 +40,8 @@ use crate::options::{self, Opt};
 use crate::os;
 use crate::purge::{self, PurgePolicy};
 use crate::registry;
+use crate::rt_level;
+use crate::rt_pending;
 use crate::sync::{AtomicBool, AtomicUsize, Ordering};
 
 /// The purger thread was started (or its start was attempted) in this process.
@@ -68,8 +77,8 @@ pub fn start_if_wanted() {
 #[cold]
 #[inline(never)]
 fn start() {
-    if options::get(Opt::BackgroundPurge) == 0 {
-        return;
+    if options::get(Opt::BackgroundPurge) == 0 || rt_level::marked() {
+        return; // (a marked thread: a later slow path of another thread starts it)
     }
     if STARTED.swap(true, Ordering::AcqRel) {
         return;
@@ -89,6 +98,8 @@ pub fn after_fork_child() {
 
 /// The purger thread.
 extern "C" fn run(_: *mut c_void) -> *mut c_void {
+    // Whatever `TLMALLOC_RT_DEFAULT` says, the purger does the work others defer.
+    rt_level::set_exempt(true);
     loop {
         if options::get(Opt::BackgroundPurge) == 0 {
             // Turned off at run time: do nothing until it is turned on
@@ -100,7 +111,7 @@ extern "C" fn run(_: *mut c_void) -> *mut c_void {
         arena::take_purgeable();
         let policy = PurgePolicy::current();
         let pending = pass(os::now_ms(), policy);
-        if !pending {
+        if !pending && !rt_level::in_use() {
             sleep_until_rung();
         } else {
             let interval = (policy.delay_ms / 4).clamp(1, 1000);
@@ -124,6 +135,7 @@ fn sleep_until_rung() {
 
 /// One pass; returns whether anything purgeable is left to wait for.
 fn pass(now_ms: u64, policy: PurgePolicy) -> bool {
+    rt_pending::drain();
     purge::purge_shared(now_ms, false);
     let mut pending = SHARED.bytes() > 0 || arena::cached_segments() > 0;
     ABANDONED.for_each(|segment| {

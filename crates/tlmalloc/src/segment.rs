@@ -129,7 +129,11 @@ pub struct Segment {
     pub zeroed: bool,
     /// Holder: the memory past the header was purged since it was last used.
     pub purged: bool,
-    _pad3: [u8; 6],
+    /// Large segments, holder: allocated by a realtime-prepared thread, so
+    /// its free by a prepared thread keeps it in that thread's held cache
+    /// (`large.rs`); foreign blocks do not take those slots.
+    pub rt_kept: bool,
+    _pad3: [u8; 5],
     /// Holder: free page slots purged since their last use (their bytes
     /// count as decommitted in the statistics until reused or unmapped).
     pub purged_mask: u64,
@@ -213,7 +217,8 @@ impl Segment {
             addr_of_mut!((*segment).cached_at_ms).write(0);
             addr_of_mut!((*segment).zeroed).write(memory_zeroed);
             addr_of_mut!((*segment).purged).write(false);
-            addr_of_mut!((*segment)._pad3).write([0; 6]);
+            addr_of_mut!((*segment).rt_kept).write(false);
+            addr_of_mut!((*segment)._pad3).write([0; 5]);
             addr_of_mut!((*segment).purged_mask).write(0);
             addr_of_mut!((*segment).large_touched).write(0);
             addr_of_mut!((*segment).large_decommitted).write(0);

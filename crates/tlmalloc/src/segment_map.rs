@@ -51,3 +51,14 @@ pub fn chunk_kind(p: *const u8) -> u8 {
 pub fn set_chunk(p: *const u8, kind: u8) {
     MAP.0[index(p as usize)].store(kind, Ordering::Relaxed);
 }
+
+/// Call `f(chunk)` for every chunk marked `kind`, in address order (a scan
+/// of the whole map: 32 MiB of reads, for set-up calls such as
+/// `tlmalloc::realtime::mlock`, never for allocation paths).
+pub fn for_each_chunk(kind: u8, mut f: impl FnMut(*mut u8)) {
+    for (i, byte) in MAP.0.iter().enumerate() {
+        if byte.load(Ordering::Relaxed) == kind {
+            f((i << SEGMENT_SHIFT) as *mut u8);
+        }
+    }
+}

@@ -638,3 +638,114 @@ pub fn set_errno(value: i32) {
 
 /// The `ENOMEM` error number.
 pub const ENOMEM: i32 = libc::ENOMEM;
+
+// ---------------------------------------------------------------------------
+// The realtime word (one more word of static TLS) and page locking
+// ---------------------------------------------------------------------------
+//
+// A second TLS word, zero at thread start, that the layers above use for the
+// calling thread's realtime level (`rt_level.rs`): this layer only stores
+// it. It lives in `.tbss` (no initial value to give), read with the same
+// initial-exec sequence as the heap slot, and only on slow paths.
+
+// The same directives on x86-64 and aarch64 (no initial value to spell).
+core::arch::global_asm!(
+    ".pushsection .tbss.tlmalloc_v0_rt_word,\"awT\",@nobits",
+    ".p2align 3",
+    ".globl tlmalloc_v0_rt_word",
+    ".hidden tlmalloc_v0_rt_word",
+    ".type tlmalloc_v0_rt_word,@object",
+    ".size tlmalloc_v0_rt_word,8",
+    "tlmalloc_v0_rt_word:",
+    ".zero 8",
+    ".popsection",
+);
+
+/// This thread's realtime word (0 until [`set_rt_word`] changes it).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub fn rt_word() -> usize {
+    let value: usize;
+    // SAFETY: reads this thread's own TLS word (defined above). Not `pure`:
+    // `set_rt_word` may change it between two calls in one function.
+    unsafe {
+        core::arch::asm!(
+            "mov {v}, qword ptr [rip + tlmalloc_v0_rt_word@GOTTPOFF]",
+            "mov {v}, qword ptr fs:[{v}]",
+            v = out(reg) value,
+            options(readonly, nostack, preserves_flags),
+        );
+    }
+    value
+}
+
+/// Set this thread's realtime word.
+#[cfg(target_arch = "x86_64")]
+#[inline(never)]
+pub fn set_rt_word(value: usize) {
+    // SAFETY: writes this thread's own TLS word.
+    unsafe {
+        core::arch::asm!(
+            "mov {t}, qword ptr [rip + tlmalloc_v0_rt_word@GOTTPOFF]",
+            "mov qword ptr fs:[{t}], {v}",
+            t = out(reg) _,
+            v = in(reg) value,
+            options(nostack, preserves_flags),
+        );
+    }
+}
+
+/// This thread's realtime word (aarch64 initial-exec sequence).
+#[cfg(target_arch = "aarch64")]
+#[inline]
+pub fn rt_word() -> usize {
+    let value: usize;
+    // SAFETY: reads this thread's own TLS word through tpidr_el0.
+    unsafe {
+        core::arch::asm!(
+            "mrs {tp}, tpidr_el0",
+            "adrp {off}, :gottprel:tlmalloc_v0_rt_word",
+            "ldr {off}, [{off}, :gottprel_lo12:tlmalloc_v0_rt_word]",
+            "ldr {v}, [{tp}, {off}]",
+            tp = out(reg) _, off = out(reg) _, v = out(reg) value,
+            options(readonly, nostack, preserves_flags),
+        );
+    }
+    value
+}
+
+/// Set this thread's realtime word.
+#[cfg(target_arch = "aarch64")]
+#[inline(never)]
+pub fn set_rt_word(value: usize) {
+    // SAFETY: writes this thread's own TLS word.
+    unsafe {
+        core::arch::asm!(
+            "mrs {tp}, tpidr_el0",
+            "adrp {off}, :gottprel:tlmalloc_v0_rt_word",
+            "ldr {off}, [{off}, :gottprel_lo12:tlmalloc_v0_rt_word]",
+            "str {v}, [{tp}, {off}]",
+            tp = out(reg) _, off = out(reg) _, v = in(reg) value,
+            options(nostack, preserves_flags),
+        );
+    }
+}
+
+/// Lock (`mlock`, which also faults every page in) or unlock (`munlock`)
+/// `[p, p + size)`; false when the kernel refused (`RLIMIT_MEMLOCK`, a
+/// range no longer mapped).
+///
+/// # Safety
+/// `[p, p + size)` is memory of ours (the call changes no contents).
+pub unsafe fn lock_memory(p: *mut u8, size: usize, lock: bool) -> bool {
+    // SAFETY: the caller names a range of ours; neither call changes its
+    // contents, and a bad range is an error return, not a fault.
+    let rc = unsafe {
+        if lock {
+            libc::mlock(p.cast(), size)
+        } else {
+            libc::munlock(p.cast(), size)
+        }
+    };
+    rc == 0
+}

@@ -19,6 +19,8 @@
 //! | `now_ms()` | — | a coarse monotonic clock (vDSO: no system call) |
 //! | `define_thread_slot!(initial)` | expanded once, by the heap layer | defines the per-thread slot, starting as `&initial` |
 //! | `thread_slot()` / `set_thread_slot(p)` | — | this thread's slot |
+//! | `rt_word()` / `set_rt_word(v)` | — | this thread's realtime word (0 at thread start; its meaning is `rt_level.rs`'s) |
+//! | `lock_memory(p, size, lock)` | a range of ours | `mlock` (pages faulted in and kept) or `munlock`; false if refused |
 //! | `register_thread_exit(f)` | called once | `f(value)` runs when a thread that called `on_thread_start(value)` exits |
 //! | `register_fork_child(c)` | called once | `c` runs in the child of every `fork`, before `fork` returns there |
 //! | `membarrier_register()` / `membarrier()` | register once | a full barrier on every running thread of the process; false if unsupported |
