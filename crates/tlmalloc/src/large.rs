@@ -227,10 +227,10 @@ pub unsafe fn large_purge(segment: *mut Segment, lazy: bool) {
     unsafe {
         let start = (*segment).pages[0].area;
         let len = (*segment).large_capacity();
-        // What was counted decommitted before is counted again by the purge.
-        counters::record_recommit((*segment).large_decommitted);
-        (*segment).large_decommitted = 0;
         if arena::purge(start, len, lazy) {
+            // What was counted decommitted before is counted again by the
+            // purge (when the OS refuses, it stays counted: still true).
+            counters::record_recommit((*segment).large_decommitted);
             (*segment).purged = true;
             (*segment).zeroed = !lazy;
             (*segment).large_decommitted = len;
@@ -483,10 +483,12 @@ unsafe fn give_back_excess(segment: *mut Segment, p: *mut u8, usable: usize, sla
         if touched_end > need + slack && need < (*segment).map_size {
             let end = touched_end.min((*segment).map_size);
             let start = segment.cast::<u8>().add(need);
+            // Refused: `large_touched` keeps saying the excess is resident,
+            // so the next reuse (or the cache's purge) tries again.
             if arena::purge(start, end - need, false) {
                 (*segment).large_decommitted += end - need;
+                (*segment).large_touched = usable;
             }
-            (*segment).large_touched = usable;
         }
     }
 }

@@ -423,6 +423,81 @@ impl Drop for FailuresOff {
 
 const ALWAYS: u32 = 1_000_000;
 
+/// Free pages whose `madvise` the OS refuses are not counted as purged,
+/// and stay due: the next pass, with the OS willing, returns them.
+#[test]
+fn refused_page_purge_is_not_counted_and_is_retried() {
+    let _guard = serial_alone();
+    let _off = FailuresOff;
+    tlmalloc::collect();
+    // 3000 blocks of 1000 bytes (about 47 small pages of one segment); the
+    // first stays live so that the segment stays, with the others' pages
+    // free and dirty.
+    let blocks: Vec<*mut u8> = (0..3000).map(|_| common::malloc(1000)).collect();
+    for &p in &blocks[1..] {
+        // SAFETY: live blocks of ours, freed once.
+        unsafe { tlmalloc::free(p) };
+    }
+    let before = tlmalloc::stats::os_stats();
+    let refused = fi::injected_call_failures(OsCall::Purge);
+    fi::set_call_failure_rate(OsCall::Purge, ALWAYS);
+    tlmalloc::collect(); // purges every free page now: refused
+    fi::set_failure_rate(0);
+    let after_refusal = tlmalloc::stats::os_stats();
+    assert!(fi::injected_call_failures(OsCall::Purge) > refused);
+    assert_eq!(after_refusal.purge_calls, before.purge_calls);
+    assert_eq!(after_refusal.purged_bytes, before.purged_bytes);
+    assert_eq!(after_refusal.decommitted_bytes, before.decommitted_bytes);
+
+    tlmalloc::collect(); // the OS agrees now
+    let after = tlmalloc::stats::os_stats();
+    let purged = after.purged_bytes - before.purged_bytes;
+    println!("purged after the refusal: {purged} bytes");
+    assert!(
+        purged >= 40 * 64 * KIB,
+        "the refused pages were not purged later: {purged} bytes"
+    );
+    // SAFETY: the block kept live above.
+    unsafe { tlmalloc::free(blocks[0]) };
+    tlmalloc::collect();
+}
+
+/// A cached large block whose purge the OS refuses keeps counting the part
+/// of it that is still decommitted (the statistics stay true).
+#[test]
+fn refused_large_purge_keeps_the_decommitted_count() {
+    let _guard = serial_alone();
+    let _off = FailuresOff;
+    let _opts = OptRestore::save(&[Opt::PurgeDelayMs]);
+    options::set(Opt::PurgeDelayMs, 20);
+    tlmalloc::collect();
+    let decommitted = || tlmalloc::stats::os_stats().decommitted_bytes;
+    let d0 = decommitted();
+    // A 32 MiB block cached, then reused for 1 MiB: its mapping is cut to
+    // the standard 4 MiB and what it may have touched inside is purged
+    // (counted decommitted) while the 1 MiB block is live.
+    let p = common::malloc(32 * MIB);
+    // SAFETY: live blocks of ours, freed once.
+    unsafe { tlmalloc::free(p) };
+    let q = common::malloc(MIB);
+    let d1 = decommitted();
+    assert!(d1 > d0, "the reuse purged nothing: {d0} -> {d1}");
+    // SAFETY: as above.
+    unsafe { tlmalloc::free(q) };
+    let refused = fi::injected_call_failures(OsCall::Purge);
+    fi::set_call_failure_rate(OsCall::Purge, ALWAYS);
+    tlmalloc::collect_with(false); // stamps the cached block
+    thread::sleep(std::time::Duration::from_millis(40));
+    tlmalloc::collect_with(false); // its purge is due: refused
+    fi::set_failure_rate(0);
+    assert!(fi::injected_call_failures(OsCall::Purge) > refused);
+    assert_eq!(decommitted(), d1, "a refused purge changed the count");
+    tlmalloc::collect_with(false); // purged now: the whole block
+    assert!(decommitted() >= d1);
+    tlmalloc::collect();
+    assert_eq!(decommitted(), d0);
+}
+
 /// A failed `mremap` while growing a block in `realloc` leaves the block
 /// where it was: the contents move by copy, or the call fails and the
 /// block is untouched.
