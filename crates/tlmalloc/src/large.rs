@@ -414,8 +414,8 @@ fn take_cached(local: Option<&mut LocalLargeCache>, usable: usize) -> (*mut Segm
 
 /// The local level's largest block, grown to hold `usable` bytes (in
 /// place, or its pages moved to a larger range): what it had resident is
-/// reused instead of faulted in anew. `None` (the block released) when the
-/// kernel cannot grow it.
+/// reused instead of faulted in anew. `None` (the block back in the cache,
+/// unchanged) when the kernel cannot grow it.
 #[cold]
 #[inline(never)]
 fn grow_cached(local: &mut LocalLargeCache, usable: usize) -> Option<*mut Segment> {
@@ -424,11 +424,14 @@ fn grow_cached(local: &mut LocalLargeCache, usable: usize) -> Option<*mut Segmen
         return None;
     }
     // SAFETY: `[cache-ownership]`: the block is ours and free, so its
-    // mapping may move.
+    // mapping may move; a failed `large_grow` changed nothing, and the slot
+    // it left is free again for it.
     unsafe {
         let grown = large_grow(segment, usable);
         if grown.is_null() {
-            large_release(segment);
+            if !local.put(segment, || usize::MAX) {
+                large_release(segment);
+            }
             return None;
         }
         Some(grown)

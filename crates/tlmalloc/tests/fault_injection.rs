@@ -498,6 +498,38 @@ fn refused_large_purge_keeps_the_decommitted_count() {
     assert_eq!(decommitted(), d0);
 }
 
+/// A cached large block the OS refuses to grow (`mremap`) stays in the
+/// cache; the request it could not serve is mapped anew.
+#[test]
+fn refused_remap_keeps_the_cached_block() {
+    let _guard = serial_alone();
+    let _off = FailuresOff;
+    tlmalloc::collect();
+    let local_bytes = || tlmalloc::stats::large_cache_stats().local_bytes;
+    let p = common::malloc(3 * MIB);
+    // SAFETY: live blocks of ours, freed once.
+    unsafe { tlmalloc::free(p) };
+    let cached = local_bytes();
+    assert!(cached >= 3 * MIB, "the 3 MiB block was not cached");
+    let refused = fi::injected_call_failures(OsCall::Remap);
+    fi::set_call_failure_rate(OsCall::Remap, ALWAYS);
+    // Nothing cached is large enough: the cached block would be grown, but
+    // both `mremap`s (in place, then moving) are refused.
+    let q = tlmalloc::malloc(8 * MIB);
+    fi::set_failure_rate(0);
+    assert!(!q.is_null(), "8 MiB refused although mmap works");
+    assert!(fi::injected_call_failures(OsCall::Remap) > refused);
+    assert_eq!(local_bytes(), cached, "the cached block was dropped");
+    let r = common::malloc(3 * MIB); // served by the cached block
+    assert_eq!(local_bytes(), 0);
+    // SAFETY: as above.
+    unsafe {
+        tlmalloc::free(q);
+        tlmalloc::free(r);
+    }
+    tlmalloc::collect();
+}
+
 /// A failed `mremap` while growing a block in `realloc` leaves the block
 /// where it was: the contents move by copy, or the call fails and the
 /// block is untouched.
