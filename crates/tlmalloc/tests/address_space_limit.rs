@@ -7,7 +7,10 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::{child_command, proc_status_bytes, MIB};
+use tlmalloc::options::{self, Opt};
 
 const CASE_VAR: &str = "TLTEST_AS_CASE";
 
@@ -78,5 +81,47 @@ fn refused_mapping_flushes_the_caches_first() {
     );
     // SAFETY: a live block of ours.
     unsafe { tlmalloc::free(p) };
+    println!("case ok");
+}
+
+/// Whether this process has a thread named `tlmalloc-purge`.
+fn purger_running() -> bool {
+    std::fs::read_dir("/proc/self/task").unwrap().any(|t| {
+        std::fs::read_to_string(t.unwrap().path().join("comm"))
+            .is_ok_and(|c| c.trim_end() == "tlmalloc-purge")
+    })
+}
+
+/// Free a large block: a slow path that ends by starting the background
+/// purger if it is wanted and not running.
+fn free_a_large_block() {
+    let p = common::malloc(MIB);
+    // SAFETY: a live block of ours.
+    unsafe { tlmalloc::free(p) };
+}
+
+/// The background purger's thread cannot start without memory for its
+/// stack; it starts once memory is back (a second later at most).
+#[test]
+fn purger_starts_once_memory_is_back() {
+    if std::env::var(CASE_VAR).as_deref() != Ok("purger") {
+        return run_case("purger_starts_once_memory_is_back", "purger");
+    }
+    // Two thread heaps (the purger is for multi-threaded programs), the
+    // purger held back until the limit is in place.
+    options::set(Opt::BackgroundPurge, 0);
+    free_a_large_block();
+    std::thread::spawn(free_a_large_block).join().unwrap();
+    assert!(!purger_running());
+    limit_address_space(Some(proc_status_bytes("VmSize")));
+    options::set(Opt::BackgroundPurge, 1);
+    free_a_large_block(); // the start fails: no room for a stack
+    limit_address_space(None);
+    assert!(!purger_running(), "the purger started under the limit");
+    std::thread::sleep(Duration::from_millis(1100));
+    free_a_large_block(); // tries again
+    let started = purger_running();
+    println!("case purger: started after the limit was lifted: {started}");
+    assert!(started, "the purger never started after a failed start");
     println!("case ok");
 }
