@@ -15,6 +15,7 @@
 //! | [`stats_api`] | `tl_stats`: every statistic as `tl_stats_t` (the core's `Stats`, layout asserted at compile time) |
 //! | [`summary`] | the statistics summary printed at exit (`TLMALLOC_SHOW_STATS`), and `tl_print_stats` |
 //! | [`options`] | `tl_option_set` and `tl_option_get`: the `TLMALLOC_*` runtime options by name |
+//! | `fault_api` | with the feature `fault-injection` only (tests): `tl_fault_injection_set`, `tl_fault_injection_failures` |
 //!
 //! Rules every exported function follows:
 //! - **It never allocates** (no `alloc`, no `std` collections or formatting
@@ -56,6 +57,8 @@ extern crate std;
 
 pub mod cabi;
 pub mod cxx;
+#[cfg(feature = "fault-injection")]
+pub mod fault_api;
 pub mod heap_api;
 pub mod options;
 pub mod pool_api;
