@@ -127,7 +127,13 @@ pub unsafe fn grow_in_place(p: *mut u8, old: usize, new: usize) -> bool {
 
 /// Move the pages of `[from, from + old)` to `[to, to + new)` (a mapping of
 /// ours of `new` bytes, which this replaces) without copying them.
-/// Returns false when the kernel refused; both mappings are then unchanged.
+/// Returns false when the kernel refused; both mappings are then unchanged,
+/// with one exception the caller cannot see: Linux unmaps `to` before the
+/// last steps of the move, so when one of those fails (the kernel's own
+/// allocation, or the commit charge under strict overcommit) `to` is
+/// already gone, and the caller's `unmap` of it could hit a mapping
+/// another thread made there in between. (Injected failures never do
+/// this.)
 ///
 /// # Safety
 /// Both ranges are mappings of ours; `new >= old`; nothing uses `to` yet.
