@@ -348,6 +348,7 @@ fn survivors() -> Vec<Block> {
 #[test]
 fn stress_survives_every_failure_rate_then_recovers() {
     let _guard = serial_alone();
+    let _off = FailuresOff;
     let _opts = OptRestore::save(&[Opt::PurgeDelayMs]);
     // Purge at every check, so `madvise` is called (and fails) often.
     options::set(Opt::PurgeDelayMs, 10);
@@ -374,7 +375,12 @@ fn stress_survives_every_failure_rate_then_recovers() {
         ));
         if ppm > 0 {
             assert!(injected > 0, "no failure injected at {ppm} ppm");
-            assert!(t.nulls > 0, "no allocation failed at {ppm} ppm");
+            // At 1 % a refused mapping's retry (after the caches are
+            // emptied) mostly succeeds; from 10 % some calls must fail.
+            assert!(
+                ppm < 100_000 || t.nulls > 0,
+                "no allocation failed at {ppm} ppm"
+            );
         } else {
             assert_eq!(injected, 0);
             assert_eq!(t.nulls, 0);
@@ -429,6 +435,9 @@ const ALWAYS: u32 = 1_000_000;
 fn refused_page_purge_is_not_counted_and_is_retried() {
     let _guard = serial_alone();
     let _off = FailuresOff;
+    // Only the test's own (forced) purges: none is due on its own.
+    let _opts = OptRestore::save(&[Opt::PurgeDelayMs]);
+    options::set(Opt::PurgeDelayMs, 600_000);
     tlmalloc::collect();
     // 3000 blocks of 1000 bytes (about 47 small pages of one segment); the
     // first stays live so that the segment stays, with the others' pages
