@@ -79,6 +79,8 @@ fn start() {
         return;
     }
     let now = os::now_ms() as usize;
+    // Relaxed: a pacing hint; a thread that reads it stale tries once more
+    // (the swap below still lets one start at a time) or waits a little.
     if now < RETRY_AT_MS.load(Ordering::Relaxed) {
         return;
     }
