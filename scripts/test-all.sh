@@ -9,8 +9,10 @@
 #   3. the stress and alignment tests again with the internal invariant checkers
 #      on, and the sized-free, stats, heap, pool and allocator tests with checks
 #      and per-op counters on;
-#   4. the core's tests in the debug profile (debug assertions, overflow checks);
-#   5. the loom models of the cross-thread protocols.
+#   4. the fault-injection tests: a share of the allocator's mmap, mremap and
+#      madvise calls fails, and every failure is survived;
+#   5. the core's tests in the debug profile (debug assertions, overflow checks);
+#   6. the loom models of the cross-thread protocols.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,6 +35,9 @@ cargo test --workspace --release
 echo "== invariant checkers on (feature check), per-op counters (feature stats)"
 cargo test -p tlmalloc --release --features check --test stress --test alignment --test misuse
 cargo test -p tlmalloc --release --features check,stats --test sized_free --test stats --test user_heap --test pool --test allocator_api --test fuzz_model # wrong sizes abort; exact per-op counters
+
+echo "== every mmap, mremap and madvise failure survived (feature fault-injection)"
+cargo test -p tlmalloc --release --features fault-injection --test fault_injection --test fault_injection_global
 
 echo "== the core in the debug profile (debug assertions and overflow checks on)"
 cargo test -p tlmalloc

@@ -16,6 +16,7 @@
 //! | [`summary`] | the statistics summary printed at exit (`TLMALLOC_SHOW_STATS`), and `tl_print_stats` |
 //! | [`options`] | `tl_option_set` and `tl_option_get`: the `TLMALLOC_*` runtime options by name |
 //! | [`realtime_api`] | `tl_rt_thread`, `tl_prewarm`, `tl_rt_drain`, `tl_rt_violations`, `tl_rt_forced_releases`, `tl_rt_pending_bytes`, `tl_mlock`, `tl_munlock`: the realtime mode |
+//! | `fault_api` | with the feature `fault-injection` only (tests): `tl_fault_injection_set`, `tl_fault_injection_failures` |
 //!
 //! Rules every exported function follows:
 //! - **It never allocates** (no `alloc`, no `std` collections or formatting
@@ -70,6 +71,8 @@ static RUST_ALLOCATIONS: tlmalloc_core::TlMalloc = tlmalloc_core::TlMalloc;
 
 pub mod cabi;
 pub mod cxx;
+#[cfg(feature = "fault-injection")]
+pub mod fault_api;
 pub mod heap_api;
 pub mod options;
 pub mod pool_api;

@@ -139,22 +139,25 @@ pub(crate) fn out_of_memory() -> *mut u8 {
     ptr::null_mut()
 }
 
-/// A mapping was refused: when a reservation cap is set, empty the caches
-/// (the heap's, if given, and the process's) so that a retry can map.
-/// Returns whether to retry.
+/// A mapping was refused, by the reservation cap or by the OS (out of
+/// address space, `RLIMIT_AS`): empty the caches (the heap's, if given,
+/// and the process's) so that a retry can map. Returns whether to retry:
+/// under a cap, or when the flush gave address space back.
 #[cold]
 #[inline(never)]
 fn flush_for_retry(state: Option<&mut HeapState>) -> bool {
-    if !arena::capped() {
-        return false;
-    }
+    let reserved = counters::os_stats().reserved_bytes;
     let now = os::now_ms();
     if let Some(state) = state {
         state.purge_owned(now, PurgePolicy::current(), true);
     }
     purge::purge_shared(now, true);
-    true
+    arena::capped() || counters::os_stats().reserved_bytes < reserved
 }
+
+/// No mapping larger than the user address space (47 bits on Linux) can
+/// succeed: a request beyond it is refused without emptying the caches.
+const ADDRESS_SPACE_BYTES: usize = 1 << 47;
 
 // ---------------------------------------------------------------------------
 // Slow path
@@ -379,7 +382,10 @@ fn large_alloc_retry(
     align: usize,
     zero: bool,
 ) -> Option<(*mut u8, usize, Origin)> {
-    if large::large_usable(size).is_some() && flush_for_retry(state.as_deref_mut()) {
+    if size < ADDRESS_SPACE_BYTES
+        && large::large_usable(size).is_some()
+        && flush_for_retry(state.as_deref_mut())
+    {
         return large::alloc(local_cache(&mut state), size, align, zero);
     }
     None

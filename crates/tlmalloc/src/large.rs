@@ -244,10 +244,10 @@ pub unsafe fn large_purge(segment: *mut Segment, lazy: bool) {
     unsafe {
         let start = (*segment).pages[0].area;
         let len = (*segment).large_capacity();
-        // What was counted decommitted before is counted again by the purge.
-        counters::record_recommit((*segment).large_decommitted);
-        (*segment).large_decommitted = 0;
         if arena::purge(start, len, lazy) {
+            // What was counted decommitted before is counted again by the
+            // purge (when the OS refuses, it stays counted: still true).
+            counters::record_recommit((*segment).large_decommitted);
             (*segment).purged = true;
             (*segment).zeroed = !lazy;
             (*segment).large_decommitted = len;
@@ -443,8 +443,8 @@ fn take_cached(local: Option<&mut LocalLargeCache>, usable: usize) -> (*mut Segm
 
 /// The local level's largest block, grown to hold `usable` bytes (in
 /// place, or its pages moved to a larger range): what it had resident is
-/// reused instead of faulted in anew. `None` (the block released) when the
-/// kernel cannot grow it.
+/// reused instead of faulted in anew. `None` (the block back in the cache,
+/// unchanged) when the kernel cannot grow it.
 #[cold]
 #[inline(never)]
 fn grow_cached(local: &mut LocalLargeCache, usable: usize) -> Option<*mut Segment> {
@@ -458,11 +458,14 @@ fn grow_cached(local: &mut LocalLargeCache, usable: usize) -> Option<*mut Segmen
         return None;
     }
     // SAFETY: `[cache-ownership]`: the block is ours and free, so its
-    // mapping may move.
+    // mapping may move; a failed `large_grow` changed nothing, and the slot
+    // it left is free again for it.
     unsafe {
         let grown = large_grow(segment, usable);
         if grown.is_null() {
-            large_release(segment);
+            if !local.put(segment, || usize::MAX) {
+                large_release(segment);
+            }
             return None;
         }
         Some(grown)
@@ -519,10 +522,12 @@ unsafe fn give_back_excess(segment: *mut Segment, p: *mut u8, usable: usize, sla
         if touched_end > need + slack && need < (*segment).map_size {
             let end = touched_end.min((*segment).map_size);
             let start = segment.cast::<u8>().add(need);
+            // Refused: `large_touched` keeps saying the excess is resident,
+            // so the next reuse (or the cache's purge) tries again.
             if arena::purge(start, end - need, false) {
                 (*segment).large_decommitted += end - need;
+                (*segment).large_touched = usable;
             }
-            (*segment).large_touched = usable;
         }
     }
 }

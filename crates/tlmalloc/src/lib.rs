@@ -116,6 +116,8 @@ mod free;
 mod allocator_api;
 #[cfg(not(loom))]
 mod api;
+#[cfg(all(not(loom), feature = "fault-injection"))]
+pub mod fault_injection;
 #[cfg(not(loom))]
 mod pool;
 #[cfg(not(loom))]

@@ -121,7 +121,8 @@ impl PurgeClock {
 }
 
 /// Purge the free pages of `segment` that have been dirty for the delay
-/// (all of them with `force`).
+/// (all of them with `force`). A run the OS refused to purge stays dirty,
+/// so the next pass tries it again.
 pub fn purge_dirty_pages(segment: &mut Segment, now_ms: u64, policy: PurgePolicy, force: bool) {
     if segment.dirty_mask == 0 {
         return;
@@ -137,6 +138,7 @@ pub fn purge_dirty_pages(segment: &mut Segment, now_ms: u64, policy: PurgePolicy
         }
     }
     let mut mask = segment.dirty_mask & segment.free_mask;
+    let mut refused = 0u64;
     while mask != 0 {
         let first = mask.trailing_zeros() as usize;
         let run = (!(mask >> first)).trailing_zeros() as usize; // consecutive dirty slots
@@ -153,10 +155,12 @@ pub fn purge_dirty_pages(segment: &mut Segment, now_ms: u64, policy: PurgePolicy
         if end <= start || unsafe { arena::purge(start as *mut u8, end - start, policy.lazy) } {
             // Purged (or nothing to purge: the header's own part of slot 0).
             segment.purged_mask |= run_mask;
+        } else {
+            refused |= run_mask;
         }
         mask &= !run_mask;
     }
-    segment.dirty_mask = 0;
+    segment.dirty_mask = refused;
 }
 
 /// Purge a cached large segment idle for the delay; say whether to keep it

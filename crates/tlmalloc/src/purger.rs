@@ -6,8 +6,9 @@
 //! return appears (`arena::note_purgeable`) in a program that has started
 //! threads of its own (see [`start_if_wanted`]), so a program that never
 //! frees anything, or never starts a thread, has no extra thread;
-//! `TLMALLOC_BACKGROUND_PURGE=0` turns it off. Every `interval` (a quarter of `TLMALLOC_PURGE_DELAY_MS`, at most
-//! 1 s) a pass:
+//! `TLMALLOC_BACKGROUND_PURGE=0` turns it off; a start that fails (no
+//! memory for the thread's stack) is tried again a second later. Every
+//! `interval` (a quarter of `TLMALLOC_PURGE_DELAY_MS`, at most 1 s) a pass:
 //! 1. runs the process-wide purge (shared large-block cache, segment cache);
 //! 2. purges the free pages of abandoned segments and of the process heap;
 //! 3. visits every registered heap with the handshake of `heap.rs`
@@ -50,6 +51,12 @@ static STARTED: AtomicBool = AtomicBool::new(false);
 static HANDSHAKE: AtomicBool = AtomicBool::new(false);
 /// Passes run so far (each heap records the last one that visited it).
 static PASSES: AtomicUsize = AtomicUsize::new(0);
+/// After a failed start: the coarse clock (ms) before which no new start is
+/// tried.
+static RETRY_AT_MS: AtomicUsize = AtomicUsize::new(0);
+
+/// How long a failed start waits before the next try.
+const RETRY_DELAY_MS: usize = 1000;
 
 /// Heaps handled per barrier.
 const BATCH: usize = 32;
@@ -80,13 +87,23 @@ fn start() {
     if options::get(Opt::BackgroundPurge) == 0 || rt_level::marked() {
         return; // (a marked thread: a later slow path of another thread starts it)
     }
+    let now = os::now_ms() as usize;
+    // Relaxed: a pacing hint; a thread that reads it stale tries once more
+    // (the swap below still lets one start at a time) or waits a little.
+    if now < RETRY_AT_MS.load(Ordering::Relaxed) {
+        return;
+    }
     if STARTED.swap(true, Ordering::AcqRel) {
         return;
     }
     HANDSHAKE.store(os::membarrier_register(), Ordering::Release);
-    // A failure (no threads left, a sandbox) leaves the purging to the
-    // heaps' own clocks, as without the purger.
-    os::spawn_thread(run, core::ptr::null_mut(), STACK_BYTES, c"tlmalloc-purge");
+    if !os::spawn_thread(run, core::ptr::null_mut(), STACK_BYTES, c"tlmalloc-purge") {
+        // No thread (no memory for its stack, no threads left, a sandbox):
+        // the heaps' own clocks purge, as without the purger, and a later
+        // slow path tries again, once a second at most.
+        RETRY_AT_MS.store(now.saturating_add(RETRY_DELAY_MS), Ordering::Relaxed);
+        STARTED.store(false, Ordering::Release);
+    }
 }
 
 /// Fork child: the purger thread does not exist there; the next free

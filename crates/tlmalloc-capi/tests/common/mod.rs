@@ -50,7 +50,20 @@ pub fn lib() -> &'static Path {
             );
             return path;
         }
-        let lib = build_library();
+        let lib = build_library(None);
+        assert!(lib.is_file(), "{} was not built", lib.display());
+        lib
+    })
+}
+
+/// The library built with the feature `fault-injection` (exporting
+/// `tl_fault_injection_set`), in a target directory of its own
+/// (`<target>/fault-injection/`) so that it never replaces the library
+/// under test.
+pub fn fault_injection_lib() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let lib = build_library(Some("fault-injection"));
         assert!(lib.is_file(), "{} was not built", lib.display());
         lib
     })
@@ -62,8 +75,9 @@ pub fn lib_dir() -> PathBuf {
 }
 
 /// `cargo build -p tlmalloc-capi` into this test binary's target directory
-/// and profile; returns the path of libtlmalloc.so.
-fn build_library() -> PathBuf {
+/// and profile (with `features`: into `<target>/<features>/`, with them on);
+/// returns the path of libtlmalloc.so.
+fn build_library(features: Option<&str>) -> PathBuf {
     // <target>/[<triple>/]<profile>/deps/<test binary>
     let exe = env::current_exe().expect("current_exe");
     let profile_dir = exe
@@ -78,7 +92,7 @@ fn build_library() -> PathBuf {
         .unwrap()
         .to_string();
     let above = profile_dir.parent().unwrap();
-    let (target_dir, triple) = if above.join("CACHEDIR.TAG").exists() {
+    let (mut target_dir, triple) = if above.join("CACHEDIR.TAG").exists() {
         (above.to_path_buf(), None)
     } else {
         (
@@ -86,6 +100,9 @@ fn build_library() -> PathBuf {
             Some(above.file_name().unwrap().to_str().unwrap().to_string()),
         )
     };
+    if let Some(features) = features {
+        target_dir = target_dir.join(features);
+    }
     let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.arg("build")
@@ -93,6 +110,9 @@ fn build_library() -> PathBuf {
         .arg(workspace_root().join("Cargo.toml"))
         .args(["-p", "tlmalloc-capi", "--target-dir"])
         .arg(&target_dir);
+    if let Some(features) = features {
+        cmd.args(["--features", features]);
+    }
     match profile.as_str() {
         "debug" => {}
         "release" => {
@@ -113,10 +133,15 @@ fn build_library() -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     eprintln!(
-        "[build] libtlmalloc.so ({profile}) up to date in {:.1?}",
+        "[build] libtlmalloc.so ({profile}{}) up to date in {:.1?}",
+        features.map(|f| format!(", {f}")).unwrap_or_default(),
         started.elapsed()
     );
-    profile_dir.join("libtlmalloc.so")
+    let mut lib_dir = target_dir;
+    if let Some(triple) = &triple {
+        lib_dir = lib_dir.join(triple);
+    }
+    lib_dir.join(&profile).join("libtlmalloc.so")
 }
 
 /// A fresh scratch directory for one test.
@@ -204,7 +229,12 @@ pub fn compile_only(cc: &str, flags: &[&str], source: &Path, out: &Path) {
 
 /// Preload the library in `cmd`.
 pub fn preload(cmd: &mut Command) -> &mut Command {
-    let mut value = lib().as_os_str().to_owned();
+    preload_lib(cmd, lib())
+}
+
+/// Preload `lib` (a libtlmalloc.so) in `cmd`.
+pub fn preload_lib<'a>(cmd: &'a mut Command, lib: &Path) -> &'a mut Command {
+    let mut value = lib.as_os_str().to_owned();
     if let Some(old) = env::var_os("LD_PRELOAD") {
         if !old.is_empty() {
             value.push(":");

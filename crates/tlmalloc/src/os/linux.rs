@@ -3,6 +3,7 @@
 use core::ffi::c_void;
 use core::ptr;
 
+use super::fault::{inject, OsCall};
 use crate::sync::{AtomicUsize, Ordering};
 
 // ---------------------------------------------------------------------------
@@ -11,6 +12,14 @@ use crate::sync::{AtomicUsize, Ordering};
 
 /// Map `size` bytes of zeroed read-write memory; null on failure.
 pub fn map(size: usize) -> *mut u8 {
+    if inject(OsCall::Map) {
+        return ptr::null_mut();
+    }
+    map_anonymous(size)
+}
+
+/// `mmap` of `size` bytes of fresh anonymous memory; null on failure.
+fn map_anonymous(size: usize) -> *mut u8 {
     // SAFETY: an anonymous private mapping at an address the kernel picks
     // touches no existing memory.
     let p = unsafe {
@@ -37,7 +46,10 @@ pub fn map_aligned(size: usize, align: usize) -> *mut u8 {
     let Some(padded) = size.checked_add(align) else {
         return ptr::null_mut();
     };
-    let raw = map(padded);
+    if inject(OsCall::Map) {
+        return ptr::null_mut();
+    }
+    let raw = map_anonymous(padded);
     if raw.is_null() {
         return raw;
     }
@@ -73,6 +85,9 @@ pub unsafe fn unmap(p: *mut u8, size: usize) {
 /// # Safety
 /// The range is mapped by us, page-aligned, and its contents are not needed.
 pub unsafe fn purge(p: *mut u8, size: usize, lazy: bool) -> bool {
+    if inject(OsCall::Purge) {
+        return false;
+    }
     let advice = if lazy {
         libc::MADV_FREE
     } else {
@@ -101,6 +116,9 @@ pub fn advise_huge_pages(p: *mut u8, size: usize, huge: Option<bool>) {
 /// # Safety
 /// `[p, p + old)` is a mapping of ours.
 pub unsafe fn grow_in_place(p: *mut u8, old: usize, new: usize) -> bool {
+    if inject(OsCall::Remap) {
+        return false;
+    }
     // SAFETY: without MREMAP_MAYMOVE the kernel either extends the mapping
     // into free address space or fails; it never moves or overwrites.
     let q = unsafe { libc::mremap(p.cast(), old, new, 0) };
@@ -109,11 +127,20 @@ pub unsafe fn grow_in_place(p: *mut u8, old: usize, new: usize) -> bool {
 
 /// Move the pages of `[from, from + old)` to `[to, to + new)` (a mapping of
 /// ours of `new` bytes, which this replaces) without copying them.
-/// Returns false when the kernel refused; both mappings are then unchanged.
+/// Returns false when the kernel refused; both mappings are then unchanged,
+/// with one exception the caller cannot see: Linux unmaps `to` before the
+/// last steps of the move, so when one of those fails (the kernel's own
+/// allocation, or the commit charge under strict overcommit) `to` is
+/// already gone, and the caller's `unmap` of it could hit a mapping
+/// another thread made there in between. (Injected failures never do
+/// this.)
 ///
 /// # Safety
 /// Both ranges are mappings of ours; `new >= old`; nothing uses `to` yet.
 pub unsafe fn move_mapping(from: *mut u8, old: usize, to: *mut u8, new: usize) -> bool {
+    if inject(OsCall::Remap) {
+        return false;
+    }
     // SAFETY: MREMAP_FIXED replaces the caller's reserved range at `to`.
     let q = unsafe {
         libc::mremap(

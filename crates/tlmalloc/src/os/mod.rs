@@ -36,7 +36,13 @@
 //! | `create_file(path)` / `close(fd)` | `path` NUL-terminated | a write-only fd of the truncated (or new, mode 0644) regular file, or `None` |
 //! | `at_exit(f)` | — | `f` runs once at normal process exit (`exit`, return from `main`) |
 //! | `program_name()` | — | the short name the program was started as (`?` if unknown) |
+//!
+//! With the cargo feature `fault-injection`, `map`, `map_aligned`,
+//! `grow_in_place`, `move_mapping` and `purge` fail (as their contract
+//! allows: null or false, nothing changed, `errno = ENOMEM`) for a chosen
+//! share of their calls (`fault.rs`); without it they never fail on purpose.
 
+pub mod fault;
 #[cfg(target_os = "linux")]
 mod linux;
 #[cfg(target_os = "linux")]
