@@ -40,6 +40,12 @@ mod text;
 // The one door to the OS.
 #[cfg(not(loom))]
 mod os;
+// The loom build has no OS layer, but the metadata it models calls
+// memcheck's hooks, which are empty there.
+#[cfg(loom)]
+mod os {
+    pub mod valgrind;
+}
 
 // Primitives over the OS.
 mod counters;
@@ -112,6 +118,8 @@ mod allocator_api;
 mod api;
 #[cfg(not(loom))]
 mod pool;
+#[cfg(not(loom))]
+mod track;
 #[cfg(not(loom))]
 mod user_heap;
 

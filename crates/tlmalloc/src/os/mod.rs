@@ -34,6 +34,13 @@
 //! | `create_file(path)` / `close(fd)` | `path` NUL-terminated | a write-only fd of the truncated (or new, mode 0644) regular file, or `None` |
 //! | `at_exit(f)` | — | `f` runs once at normal process exit (`exit`, return from `main`) |
 //! | `program_name()` | — | the short name the program was started as (`?` if unknown) |
+//!
+//! `valgrind` (`os/valgrind.rs`) holds memcheck's client requests: which
+//! bytes are the program's blocks, which are no-access, which are defined.
+//! They do nothing outside valgrind, and without the `valgrind` feature
+//! they are empty functions.
+
+pub mod valgrind;
 
 #[cfg(target_os = "linux")]
 mod linux;
