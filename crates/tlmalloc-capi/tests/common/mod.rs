@@ -17,15 +17,14 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::Instant;
 
+#[path = "../../../tlmalloc/tests/common/cargo.rs"]
+mod cargo;
 #[path = "../../../tlmalloc/tests/common/rng.rs"]
 mod rng;
 #[allow(unused_imports)] // not every test binary draws random numbers
 pub use rng::Rng;
 
-/// The workspace root.
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+pub use cargo::workspace_root;
 
 /// `include/` (tlmalloc.h).
 pub fn include_dir() -> PathBuf {
@@ -64,59 +63,9 @@ pub fn lib_dir() -> PathBuf {
 /// `cargo build -p tlmalloc-capi` into this test binary's target directory
 /// and profile; returns the path of libtlmalloc.so.
 fn build_library() -> PathBuf {
-    // <target>/[<triple>/]<profile>/deps/<test binary>
-    let exe = env::current_exe().expect("current_exe");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>")
-        .to_path_buf();
-    let profile = profile_dir
-        .file_name()
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .to_string();
-    let above = profile_dir.parent().unwrap();
-    let (target_dir, triple) = if above.join("CACHEDIR.TAG").exists() {
-        (above.to_path_buf(), None)
-    } else {
-        (
-            above.parent().unwrap().to_path_buf(),
-            Some(above.file_name().unwrap().to_str().unwrap().to_string()),
-        )
-    };
-    let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.arg("build")
-        .arg("--manifest-path")
-        .arg(workspace_root().join("Cargo.toml"))
-        .args(["-p", "tlmalloc-capi", "--target-dir"])
-        .arg(&target_dir);
-    match profile.as_str() {
-        "debug" => {}
-        "release" => {
-            cmd.arg("--release");
-        }
-        other => {
-            cmd.args(["--profile", other]);
-        }
-    }
-    if let Some(triple) = &triple {
-        cmd.args(["--target", triple]);
-    }
-    let started = Instant::now();
-    let out = cmd.output().expect("run cargo");
-    assert!(
-        out.status.success(),
-        "building libtlmalloc.so failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!(
-        "[build] libtlmalloc.so ({profile}) up to date in {:.1?}",
-        started.elapsed()
-    );
-    profile_dir.join("libtlmalloc.so")
+    let target_dir = cargo::this_profile().target_dir;
+    cargo::cargo_build(&["-p", "tlmalloc-capi"], &target_dir, "libtlmalloc.so")
+        .join("libtlmalloc.so")
 }
 
 /// A fresh scratch directory for one test.
