@@ -10,7 +10,10 @@
 #      on, and the sized-free, stats, heap, pool and allocator tests with checks
 #      and per-op counters on;
 #   4. the core's tests in the debug profile (debug assertions, overflow checks);
-#   5. the loom models of the cross-thread protocols.
+#   5. the loom models of the cross-thread protocols;
+#   6. memcheck's reports on programs built with the `valgrind` feature (a
+#      leak, a use after free, a write past the request, a clean run; Rust
+#      and C).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +21,7 @@ echo "== rustfmt, clippy, rustdoc"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p tlmalloc --all-targets --features check,stats -- -D warnings
+cargo clippy -p tlmalloc --all-targets --features valgrind -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet
 
 echo "== layering and stack frames"
@@ -39,3 +43,6 @@ cargo test -p tlmalloc
 
 echo "== loom models (RUSTFLAGS=--cfg loom)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p tlmalloc --release --test loom
+
+echo "== memcheck (feature valgrind: client requests; skipped without valgrind)"
+cargo test -p tlmalloc --release --features valgrind --test valgrind
