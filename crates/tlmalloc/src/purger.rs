@@ -68,7 +68,10 @@ pub fn start_if_wanted() {
 #[cold]
 #[inline(never)]
 fn start() {
-    if options::get(Opt::BackgroundPurge) == 0 {
+    // Under valgrind (the `valgrind` feature) no purger either: memcheck
+    // reports the thread-local storage of a thread still running at exit
+    // as possibly lost, and has no use for memory given back early.
+    if options::get(Opt::BackgroundPurge) == 0 || os::valgrind::running_on_valgrind() {
         return;
     }
     if STARTED.swap(true, Ordering::AcqRel) {

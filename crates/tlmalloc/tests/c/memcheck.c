@@ -24,11 +24,12 @@ static void check(int ok, const char *what) {
     }
 }
 
+/* Frees another thread's blocks, and hands one of its own back. */
 static void *free_all(void *arg) {
     void **blocks = arg;
     for (int i = 0; i < 1000; i++)
         free(blocks[i]);
-    return NULL;
+    return malloc(64);
 }
 
 static void clean(void) {
@@ -79,12 +80,18 @@ static void clean(void) {
         memset(blocks[i], i, 48);
     }
     pthread_t t;
+    void *theirs = NULL;
     check(pthread_create(&t, NULL, free_all, blocks) == 0, "pthread_create");
-    pthread_join(t, NULL);
+    pthread_join(t, &theirs);
+    free(theirs);
     for (int i = 0; i < 1000; i++) { /* the thread's pages, refilled */
         blocks[i] = malloc(48);
         free(blocks[i]);
     }
+    /* Free memory in a program that had two heaps: what starts the
+     * background purger, whose thread would still run at exit (and its
+     * thread-local storage be reported as possibly lost). */
+    free(malloc(1 << 20));
 
     /* A user heap: a live block freed with free, the rest by destroy. */
     tl_heap_t *h = tl_heap_new();
