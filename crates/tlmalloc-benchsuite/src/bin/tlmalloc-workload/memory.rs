@@ -6,7 +6,7 @@
 //! Each reports, besides its time, `peak_rss_kib` (VmHWM of the measured
 //! phase), `rss_kib` (with its live set still allocated) and, once it has
 //! freed everything, `rss_after_free_kib` after a settle (see
-//! [`settle`](crate::sys::settle)).
+//! [`settle`]).
 
 use std::collections::VecDeque;
 use std::ptr;
