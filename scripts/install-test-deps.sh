@@ -2,7 +2,7 @@
 # Installs what the tests of crates/tlmalloc-capi and crates/tlmalloc-cli
 # need (they compile C/C++ programs and run real programs under
 # LD_PRELOAD): a C and a C++ compiler, binutils (nm, readelf), pkg-config,
-# sqlite3, git, and a python3 whose standard library includes its own test
+# sqlite3, git, valgrind (the `valgrind` feature's tests), and a python3 whose standard library includes its own test
 # suite (test.test_json, test.test_threading, ...).
 #
 # Idempotent and non-interactive: installs only what is missing, and runs
@@ -25,6 +25,8 @@ have g++ || packages+=(g++)
 have pkg-config || packages+=(pkg-config)
 have sqlite3 || packages+=(sqlite3)
 have git || packages+=(git)
+# The memcheck tests of the `valgrind` feature (crates/tlmalloc/tests/valgrind.rs).
+have valgrind || packages+=(valgrind)
 
 # The tests use `python3` from PATH if its test suite is there, else Debian's
 # /usr/bin/python3 (with the libpython3.X-testsuite package).

@@ -12,7 +12,10 @@
 #   4. the fault-injection tests: a share of the allocator's mmap, mremap and
 #      madvise calls fails, and every failure is survived;
 #   5. the core's tests in the debug profile (debug assertions, overflow checks);
-#   6. the loom models of the cross-thread protocols.
+#   6. the loom models of the cross-thread protocols;
+#   7. memcheck's reports on programs built with the `valgrind` feature (a
+#      leak, a use after free, a write past the request, a clean run; Rust
+#      and C).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +23,7 @@ echo "== rustfmt, clippy, rustdoc"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p tlmalloc --all-targets --features check,stats -- -D warnings
+cargo clippy -p tlmalloc --all-targets --features valgrind -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet
 
 echo "== layering and stack frames"
@@ -44,3 +48,6 @@ cargo test -p tlmalloc
 
 echo "== loom models (RUSTFLAGS=--cfg loom)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p tlmalloc --release --test loom
+
+echo "== memcheck (feature valgrind: client requests; skipped without valgrind)"
+cargo test -p tlmalloc --release --features valgrind --test valgrind

@@ -20,6 +20,7 @@ use crate::report;
 use crate::segment::{Segment, SegmentKind};
 use crate::segment_map::{self, CHUNK_HEADER_BELOW, CHUNK_SEGMENT};
 use crate::size_class::{class_of, class_size};
+use crate::track;
 
 /// The tlmalloc global allocator.
 ///
@@ -37,12 +38,15 @@ unsafe impl GlobalAlloc for TlMalloc {
     #[inline(always)]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // The alignment is almost always a constant, so only one arm survives.
-        if layout.align() <= 16 {
+        let p = if layout.align() <= 16 {
             // Every block is 16-aligned.
             alloc::malloc(layout.size())
         } else {
             alloc::malloc_aligned(layout.size(), layout.align())
-        }
+        };
+        // SAFETY: null or a block of at least `layout.size()` bytes.
+        unsafe { track::allocated(p, layout.size(), false) };
+        p
     }
 
     #[inline(always)]
@@ -52,9 +56,12 @@ unsafe impl GlobalAlloc for TlMalloc {
         if layout.align() <= 16 {
             // SAFETY: GlobalAlloc's contract: `p` is a live block of ours,
             // and with this alignment it is not a 4 MiB-aligned large block.
-            unsafe { free_trusted(p) }
+            unsafe {
+                track::freed(p);
+                free_trusted(p)
+            }
         } else {
-            // SAFETY: `p` is a live block of ours.
+            // SAFETY: `p` is a live block of ours (`free` tells memcheck).
             unsafe { free(p) }
         }
     }
@@ -63,7 +70,10 @@ unsafe impl GlobalAlloc for TlMalloc {
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         if layout.size() > MEDIUM_SIZE_MAX && layout.align() <= OS_PAGE_SIZE {
             // Memory fresh from the OS (or purged) is not cleared again.
-            return large_alloc(layout.size(), layout.align(), true);
+            let p = large_alloc(layout.size(), layout.align(), true);
+            // SAFETY: null or a zeroed block of at least `layout.size()` bytes.
+            unsafe { track::allocated(p, layout.size(), true) };
+            return p;
         }
         // SAFETY: forwarded GlobalAlloc contract.
         let p = unsafe { self.alloc(layout) };
@@ -83,6 +93,7 @@ unsafe impl GlobalAlloc for TlMalloc {
                 let (segment, page) = locate_trusted(p);
                 let q = try_resize(segment, page, p, new_size);
                 if !q.is_null() {
+                    track::resized(p, q, layout.size(), new_size);
                     return q;
                 }
             }
@@ -114,7 +125,10 @@ pub fn good_size(n: usize) -> usize {
 /// the request cannot be met.
 #[inline(always)]
 pub fn malloc(size: usize) -> *mut u8 {
-    alloc::malloc(size)
+    let p = alloc::malloc(size);
+    // SAFETY: null or a block of at least `size` bytes.
+    unsafe { track::allocated(p, size, false) };
+    p
 }
 
 /// Allocate `size` bytes aligned to `align`, a power of two; null when
@@ -123,7 +137,10 @@ pub fn malloc_aligned(size: usize, align: usize) -> *mut u8 {
     if !align.is_power_of_two() {
         return ptr::null_mut();
     }
-    alloc::malloc_aligned(size, align)
+    let p = alloc::malloc_aligned(size, align);
+    // SAFETY: null or a block of at least `size` bytes.
+    unsafe { track::allocated(p, size, false) };
+    p
 }
 
 /// Allocate `count * size` zeroed bytes; null on overflow or when out of memory.
@@ -134,9 +151,14 @@ pub fn calloc(count: usize, size: usize) -> *mut u8 {
     };
     if total > MEDIUM_SIZE_MAX {
         // Memory fresh from the OS (or purged) is not cleared again.
-        return large_alloc(total, 16, true);
+        let p = large_alloc(total, 16, true);
+        // SAFETY: null or a zeroed block of at least `total` bytes.
+        unsafe { track::allocated(p, total, true) };
+        return p;
     }
     let p = alloc::malloc(total);
+    // SAFETY: null or a block of at least `total` bytes, zeroed below.
+    unsafe { track::allocated(p, total, true) };
     if !p.is_null() {
         // SAFETY: the block holds at least `total` bytes.
         unsafe { ptr::write_bytes(p, 0, total) };
@@ -155,7 +177,10 @@ pub unsafe fn free(p: *mut u8) {
     if segment_map::chunk_kind(p) == CHUNK_SEGMENT {
         // SAFETY: the map says `p` is inside a live segment, and the
         // caller promises it is a live block of ours.
-        unsafe { free_trusted(p) }
+        unsafe {
+            track::freed(p);
+            free_trusted(p)
+        }
     } else {
         // SAFETY: forwarded caller contract.
         unsafe { free_unusual(p) }
@@ -176,7 +201,10 @@ unsafe fn free_unusual(p: *mut u8) {
     // SAFETY: `locate` returned (it aborts on a foreign pointer), so `p`
     // starts a block aligned to 4 MiB or more: a live large block
     // (caller contract).
-    unsafe { large_free(segment) }
+    unsafe {
+        track::freed(p);
+        large_free(segment)
+    }
 }
 
 /// The segment and page of `p`, or a report and abort when `p` is not
@@ -226,10 +254,12 @@ unsafe fn try_resize(
         }
         // A user heap's large block is linked in its heap's list
         // through the header, which `mremap` would move.
+        // Nor does memcheck follow a live block's pages to a new address.
         if (*segment).kind == SegmentKind::Large
             && new_size > MEDIUM_SIZE_MAX
             && new_size > usable
             && (*segment).owner() == 0
+            && !track::active()
         {
             let Some(wanted) = large::large_usable(new_size) else {
                 return ptr::null_mut();
@@ -326,19 +356,21 @@ pub unsafe fn free_aligned_sized(p: *mut u8, align: usize, size: usize) {
 /// `p` is null or a live block of this allocator.
 pub unsafe fn realloc(p: *mut u8, new_size: usize) -> *mut u8 {
     if p.is_null() {
-        return alloc::malloc(new_size);
+        return malloc(new_size);
     }
     let (segment, page) = locate(p, "realloc");
     // SAFETY: `p` is a live block (caller contract), found above.
     unsafe {
-        let usable = (*page).block_size;
+        // The whole block, or under memcheck the bytes the program may read.
+        let old = track::requested_size(p, (*page).block_size);
         let moved = try_resize(segment, page, p, new_size);
         if !moved.is_null() {
+            track::resized(p, moved, old, new_size);
             return moved;
         }
-        let q = alloc::malloc(new_size);
+        let q = malloc(new_size);
         if !q.is_null() {
-            ptr::copy_nonoverlapping(p, q, usable.min(new_size));
+            ptr::copy_nonoverlapping(p, q, old.min(new_size));
             free(p);
         }
         q
@@ -346,10 +378,23 @@ pub unsafe fn realloc(p: *mut u8, new_size: usize) -> *mut u8 {
 }
 
 /// The usable size of a block (at least what was asked for); 0 for null.
+/// Under valgrind with the `valgrind` feature, the requested size: memcheck
+/// reports any access past it (valgrind's own `malloc_usable_size` answers
+/// the same).
 ///
 /// # Safety
 /// `p` is null or a live block of this allocator.
 pub unsafe fn usable_size(p: *const u8) -> usize {
+    // SAFETY: forwarded caller contract.
+    let usable = unsafe { block_size(p) };
+    track::requested_size(p, usable)
+}
+
+/// The size of `p`'s block (its size class); 0 for null.
+///
+/// # Safety
+/// As [`usable_size`].
+pub(crate) unsafe fn block_size(p: *const u8) -> usize {
     if p.is_null() {
         return 0;
     }

@@ -7,6 +7,7 @@ use core::ptr;
 use crate::config::DIRECT_SLOTS;
 use crate::heap::{empty_page, HeapState, LIST_COUNT};
 use crate::list::List;
+use crate::os::valgrind;
 use crate::page::Page;
 use crate::report::check;
 use crate::segment::Segment;
@@ -79,15 +80,18 @@ fn free_list_len(page: &Page, head: *mut crate::page::Block) -> u32 {
     let mut len = 0u32;
     let mut block = head;
     while !block.is_null() {
-        let offset = (block as usize).wrapping_sub(page.area as usize);
+        let offset = (block as usize).wrapping_sub(page.area() as usize);
         check(
             offset % page.block_size == 0 && offset / page.block_size < page.capacity as usize,
             "free block outside its page",
         );
         len += 1;
         check(len <= page.capacity, "cycle in a free list");
+        let at = block;
+        valgrind::open_word(at.cast());
         // SAFETY: the block lies in the page's carved area (checked above).
         block = unsafe { (*block).next };
+        valgrind::close_word(at.cast());
     }
     len
 }

@@ -7,7 +7,7 @@ use crate::counters::RETIRED;
 use crate::handover;
 use crate::heap::{thread_heap, HeapKind, ThreadHeap};
 use crate::large;
-use crate::os;
+use crate::os::{self, valgrind};
 use crate::page::{Block, Page};
 use crate::poison;
 use crate::purge;
@@ -72,12 +72,15 @@ pub unsafe fn free_owned(heap: &ThreadHeap, page: *mut Page, p: *mut u8, key: us
             report::misuse("free", p, "not the start of a block");
         }
         // `[block-key]`: a set key means the block is probably free already.
+        valgrind::open_word(p);
         if (*block).key == key {
+            valgrind::close_word(p);
             // The page is found again there, so that the fast path keeps
             // it in addressing modes instead of a register.
             return free_local_suspect(heap, p, key);
         }
         (*block).key = key;
+        valgrind::close_word(p);
         poison::fill_freed(p, (*page).block_size);
         heap.counters
             .class_frees
@@ -108,7 +111,9 @@ unsafe fn free_local_suspect(heap: &ThreadHeap, p: *mut u8, key: usize) {
     // SAFETY: the block is live (on no list), as `free_owned` requires; a
     // cleared key sends it through the ordinary path.
     unsafe {
+        valgrind::open_word(p);
         (*block).key = 0;
+        valgrind::close_word(p);
         free_owned(heap, page, p, key);
     }
 }
@@ -169,10 +174,12 @@ unsafe fn free_slow(segment: *mut Segment, p: *mut u8) {
             // data: see `Block`).
             let key = (*owner).free_key();
             let block = p.cast::<Block>();
+            valgrind::open_word(p);
             if (*block).key == key {
                 report::misuse("free", p, "double free");
             }
             (*block).key = key;
+            valgrind::close_word(p);
         }
         poison::fill_freed(p, (*page).block_size);
         count_remote_free((*page).class as usize);

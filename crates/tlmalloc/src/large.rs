@@ -29,6 +29,7 @@ use crate::config::{LARGE_CACHE_SIZE_MAX, MEDIUM_SIZE_MAX, OS_PAGE_SIZE, SEGMENT
 use crate::counters;
 use crate::large_cache::{LocalLargeCache, SHARED};
 use crate::options::{self, Opt};
+use crate::os::valgrind;
 use crate::report;
 use crate::rt_level;
 use crate::segment::{Segment, SegmentKind, SEGMENT_HEADER_SIZE};
@@ -190,7 +191,7 @@ pub unsafe fn large_cacheable(segment: *mut Segment) -> bool {
 pub unsafe fn large_standard(segment: *mut Segment) -> bool {
     // SAFETY: constant fields of a live header.
     unsafe {
-        (*segment).pages[0].area as usize - segment as usize == LARGE_BLOCK_OFFSET
+        (*segment).pages[0].area() as usize - segment as usize == LARGE_BLOCK_OFFSET
             && (*segment).map_base == segment.cast()
     }
 }
@@ -210,7 +211,7 @@ pub unsafe fn large_reuse(segment: *mut Segment, usable: usize) -> *mut u8 {
         let page = &mut (*segment).pages[0];
         page.block_size = usable;
         page.used = 1;
-        page.area
+        page.area()
     }
 }
 
@@ -242,7 +243,7 @@ pub unsafe fn large_mark_cached(segment: *mut Segment, now_ms: u64) {
 pub unsafe fn large_purge(segment: *mut Segment, lazy: bool) {
     // SAFETY: the block area lies inside the mapping and is not in use.
     unsafe {
-        let start = (*segment).pages[0].area;
+        let start = (*segment).pages[0].area();
         let len = (*segment).large_capacity();
         if arena::purge(start, len, lazy) {
             // What was counted decommitted before is counted again by the
@@ -265,7 +266,7 @@ pub unsafe fn large_release(segment: *mut Segment) {
     // SAFETY: the caller hands us the only reference to the segment.
     unsafe {
         let page = &mut (*segment).pages[0];
-        let block = page.area;
+        let block = page.area();
         if block as usize - segment as usize >= SEGMENT_SIZE {
             segment_map::set_chunk(block, CHUNK_FOREIGN);
         }
@@ -285,7 +286,7 @@ pub unsafe fn large_release(segment: *mut Segment) {
 pub unsafe fn large_grow(segment: *mut Segment, usable: usize) -> *mut Segment {
     // SAFETY: the caller holds the block; header fields are ours to update.
     unsafe {
-        let offset = (*segment).pages[0].area as usize - segment as usize;
+        let offset = (*segment).pages[0].area() as usize - segment as usize;
         if (*segment).map_base != segment.cast() || offset >= SEGMENT_SIZE {
             return ptr::null_mut(); // header-below blocks are not moved
         }
@@ -324,7 +325,7 @@ pub unsafe fn large_grow(segment: *mut Segment, usable: usize) -> *mut Segment {
         let moved = target.cast::<Segment>();
         (*moved).map_base = target;
         (*moved).map_size = new_size;
-        (*moved).pages[0].area = target.add(offset);
+        (*moved).pages[0].set_area(target.add(offset));
         (*moved).pages[0].block_size = usable;
         segment_map::set_chunk(target, CHUNK_SEGMENT);
         moved
@@ -541,6 +542,8 @@ unsafe fn clear_unless_zeroed(segment: *mut Segment, p: *mut u8, size: usize, ze
     // SAFETY: caller contract.
     unsafe {
         if zero && !(*segment).zeroed {
+            // A recycled block is no-access under memcheck until handed out.
+            valgrind::make_mem_undefined(p, size);
             ptr::write_bytes(p, 0, size);
         }
     }

@@ -41,6 +41,12 @@ mod text;
 // The one door to the OS.
 #[cfg(not(loom))]
 mod os;
+// The loom build has no OS layer, but the metadata it models calls
+// memcheck's hooks, which are empty there.
+#[cfg(loom)]
+mod os {
+    pub mod valgrind;
+}
 
 // Primitives over the OS.
 mod counters;
@@ -122,6 +128,7 @@ pub mod fault_injection;
 mod pool;
 #[cfg(not(loom))]
 pub mod realtime;
+mod track;
 #[cfg(not(loom))]
 mod user_heap;
 

@@ -5,10 +5,16 @@
 //! blocks they free with one compare-and-swap. The owner moves
 //! `thread_free` into `free` in one swap when `free` runs dry, so the
 //! hot paths of the owner never execute an atomic read-modify-write.
+//!
+//! Under memcheck (the `valgrind` feature) a free block is no-access, as the
+//! program must not touch it: each read or write of a link is bracketed by
+//! `valgrind::open_word` / `close_word`, and a page's blocks are no-access
+//! from `init` until handed out.
 
 use core::ptr;
 
 use crate::list::{Linked, Links};
+use crate::os::valgrind;
 use crate::poison;
 use crate::sync::{const_unless_loom, AtomicPtr, Ordering};
 
@@ -65,8 +71,10 @@ impl ThreadFree {
     pub unsafe fn push(&self, block: *mut Block) {
         let mut head = self.0.load(Ordering::Relaxed);
         loop {
+            valgrind::open_word(block.cast());
             // SAFETY: the caller owns `block` until the CAS below publishes it.
             unsafe { (*block).next = head };
+            valgrind::close_word(block.cast());
             match self
                 .0
                 .compare_exchange_weak(head, block, Ordering::Release, Ordering::Relaxed)
@@ -146,8 +154,9 @@ pub struct Page {
     pub block_size: usize,
     /// Shared: blocks freed by other threads.
     pub thread_free: ThreadFree,
-    /// Constant while in use: the first block.
-    pub area: *mut u8,
+    /// Constant while in use: the first block, as `valgrind::hide_pointer`
+    /// keeps it (read it with [`Page::area`]).
+    area: *mut u8,
     /// Constant while in use: `ceil(2^64 / block_size)`, so that an offset
     /// `n < 2^32` from `area` starts a block exactly when
     /// `n * start_magic mod 2^64 < start_magic` (one multiplication instead
@@ -202,15 +211,27 @@ impl Page {
         self.queued = false;
         self.block_size = block_size;
         self.links = Links::new();
-        self.area = area;
+        self.area = valgrind::hide_pointer(area);
         self.start_magic = start_magic(block_size);
+        valgrind::make_mem_noaccess(area, reserved as usize * block_size);
+    }
+
+    /// The first block (meaningless for a slot not in use).
+    #[inline(always)]
+    pub fn area(&self) -> *mut u8 {
+        valgrind::reveal_pointer(self.area)
+    }
+
+    /// Move the page's blocks to `area` (a large block whose mapping moved).
+    pub fn set_area(&mut self, area: *mut u8) {
+        self.area = valgrind::hide_pointer(area);
     }
 
     /// Whether `p`, an address inside this page's area, is the start of a
     /// block: the free path's interior-pointer check, without a division.
     #[inline(always)]
     pub fn starts_block(&self, p: *const u8) -> bool {
-        let offset = (p as usize).wrapping_sub(self.area as usize) as u64;
+        let offset = (p as usize).wrapping_sub(self.area() as usize) as u64;
         offset.wrapping_mul(self.start_magic) < self.start_magic
     }
 
@@ -238,11 +259,13 @@ impl Page {
         unsafe {
             let block = (*page).free;
             if !block.is_null() {
+                valgrind::open_word(block.cast());
                 #[cfg(feature = "check")]
                 (*page).check_free_block(block);
                 (*page).free = (*block).next;
                 // `[block-key]`: a block in use carries no key.
                 (*block).key = 0;
+                valgrind::close_word(block.cast());
                 (*page).used += 1;
             }
             block
@@ -261,9 +284,9 @@ impl Page {
     unsafe fn check_free_block(&self, block: *mut Block) {
         // SAFETY: caller contract.
         let next = unsafe { (*block).next };
-        let end = self.area as usize + self.reserved as usize * self.block_size;
+        let end = self.area() as usize + self.reserved as usize * self.block_size;
         if !next.is_null()
-            && ((next as usize) < self.area as usize
+            && ((next as usize) < self.area() as usize
                 || next as usize >= end
                 || !self.starts_block(next.cast()))
         {
@@ -284,8 +307,10 @@ impl Page {
     /// `block` is a live block of this page, freed once, by the owner.
     #[inline(always)]
     pub unsafe fn push_local(&mut self, block: *mut Block) -> bool {
+        valgrind::open_word(block.cast());
         // SAFETY: the caller hands the block back (contract); it is ours to link.
         unsafe { (*block).next = self.local_free };
+        valgrind::close_word(block.cast());
         self.local_free = block;
         self.used -= 1;
         self.used == 0
@@ -305,10 +330,15 @@ impl Page {
             // SAFETY: `[page-lists]`: `local_free` is a null-terminated list of
             // this page's free blocks, and `&mut self` makes them ours.
             unsafe {
+                valgrind::open_word(tail.cast());
                 while !(*tail).next.is_null() {
-                    tail = (*tail).next;
+                    let next = (*tail).next;
+                    valgrind::close_word(tail.cast());
+                    tail = next;
+                    valgrind::open_word(tail.cast());
                 }
                 (*tail).next = self.free;
+                valgrind::close_word(tail.cast());
             }
         }
         self.free = head;
@@ -328,9 +358,12 @@ impl Page {
                 if at == block {
                     return true;
                 }
+                valgrind::open_word(at.cast());
                 // SAFETY: `[page-lists]`: null-terminated lists of this
                 // page's free blocks, the owner's (`&mut self`).
-                at = unsafe { (*at).next };
+                let next = unsafe { (*at).next };
+                valgrind::close_word(at.cast());
+                at = next;
             }
         }
         false
@@ -347,11 +380,16 @@ impl Page {
         // SAFETY: the swap in `take_all` (Acquire) made every pushed block's
         // link visible; the list is now ours alone and null-terminated.
         unsafe {
+            valgrind::open_word(tail.cast());
             while !(*tail).next.is_null() {
-                tail = (*tail).next;
+                let next = (*tail).next;
+                valgrind::close_word(tail.cast());
+                tail = next;
+                valgrind::open_word(tail.cast());
                 count += 1;
             }
             (*tail).next = self.free;
+            valgrind::close_word(tail.cast());
         }
         self.free = head;
         self.used -= count;
@@ -372,7 +410,8 @@ impl Page {
         // SAFETY: `[page-lists]`: blocks `capacity .. capacity + step` lie
         // inside the area (`capacity + step <= reserved`) and were never handed out.
         unsafe {
-            let first = self.area.add(self.capacity as usize * size);
+            let first = self.area().add(self.capacity as usize * size);
+            valgrind::make_mem_undefined(first, step as usize * size);
             let mut block = first;
             for _ in 1..step {
                 let next = block.add(size);
@@ -383,6 +422,7 @@ impl Page {
             poison::fill_freed(block, size);
             (*block.cast::<Block>()).next = self.free;
             self.free = first.cast();
+            valgrind::make_mem_noaccess(first, step as usize * size);
         }
         self.capacity += step;
         true

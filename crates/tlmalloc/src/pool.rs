@@ -23,6 +23,7 @@ use crate::api;
 use crate::config::SEGMENT_SIZE;
 use crate::free::free_trusted;
 use crate::size_class::class_of_const;
+use crate::track;
 
 /// A typed allocation pool for `T`, constant-constructible.
 ///
@@ -90,6 +91,8 @@ impl<T> Pool<T> {
         } else {
             alloc::malloc_aligned(Self::SIZE, core::mem::align_of::<T>())
         };
+        // SAFETY: null or a block of at least `SIZE` bytes.
+        unsafe { track::allocated(p, Self::SIZE, false) };
         let Some(ptr) = NonNull::new(p.cast::<T>()) else {
             return Err(value);
         };
@@ -177,11 +180,13 @@ unsafe fn free_block<T>(p: *mut T) {
     );
     let layout = Layout::new::<T>();
     // SAFETY: a live block of ours; only alignments of 4 MiB and more need
-    // the checked free (their header lies below the block).
+    // the checked free (their header lies below the block), which tells
+    // memcheck itself.
     unsafe {
         if layout.align() >= SEGMENT_SIZE {
             api::free(p.cast());
         } else {
+            track::freed(p.cast());
             free_trusted(p.cast());
         }
     }

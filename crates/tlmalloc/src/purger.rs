@@ -84,7 +84,13 @@ pub fn start_if_wanted() {
 #[cold]
 #[inline(never)]
 fn start() {
-    if options::get(Opt::BackgroundPurge) == 0 || rt_level::marked() {
+    // Under valgrind (the `valgrind` feature) no purger either: memcheck
+    // reports the thread-local storage of a thread still running at exit
+    // as possibly lost, and has no use for memory given back early.
+    if options::get(Opt::BackgroundPurge) == 0
+        || rt_level::marked()
+        || os::valgrind::running_on_valgrind()
+    {
         return; // (a marked thread: a later slow path of another thread starts it)
     }
     let now = os::now_ms() as usize;

@@ -304,13 +304,13 @@ impl Segment {
     /// The block of a large segment (`[large-segment]`).
     #[inline]
     pub fn large_block(&self) -> *mut u8 {
-        self.pages[0].area
+        self.pages[0].area()
     }
 
     /// Bytes the block of a large segment may grow to without moving: up
     /// to the end of its mapping.
     pub fn large_capacity(&self) -> usize {
-        self.map_base as usize + self.map_size - self.pages[0].area as usize
+        self.map_base as usize + self.map_size - self.pages[0].area() as usize
     }
 
     /// Give page slot `index` back to the segment (its memory stays resident

@@ -39,6 +39,7 @@ use crate::purge::PurgePolicy;
 use crate::registry;
 use crate::segment::{Segment, SegmentKind};
 use crate::size_class::{class_of, CLASS_COUNT};
+use crate::track;
 
 /// A heap of its own: allocations from it share nothing with the calling
 /// thread's heap, and [`Heap::destroy`] (or dropping it) releases all of
@@ -140,10 +141,12 @@ impl Heap {
     /// rounded up to `layout.align()`, does not overflow `isize`.
     pub unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: forwarded contract: `p` is a live block.
-        let usable = unsafe { api::usable_size(p) };
+        let usable = unsafe { api::block_size(p) };
         if api::stays_in_place(usable, new_size)
             && api::expected_usable(new_size, layout.align()) <= usable
         {
+            // SAFETY: as above.
+            unsafe { track::resized(p, p, layout.size(), new_size) };
             return p;
         }
         // SAFETY: the caller guarantees the new layout is valid.
@@ -212,6 +215,7 @@ fn user_heap_new() -> *mut ThreadHeap {
     ensure_process_init();
     // SAFETY: a new live heap, on no registry.
     unsafe { registry::add(heap) };
+    track::heap_created(heap);
     heap
 }
 
@@ -223,6 +227,9 @@ fn user_heap_new() -> *mut ThreadHeap {
 unsafe fn user_heap_alloc(heap: *mut ThreadHeap, size: usize, align: usize, zero: bool) -> *mut u8 {
     if let Some(n) = pooled_size(size, align) {
         let p = alloc_class(heap, class_of(n));
+        // SAFETY: null or a block of `heap` of at least `size` bytes,
+        // zeroed below when asked.
+        unsafe { track::heap_allocated(heap, p, size, zero) };
         if zero && !p.is_null() {
             // SAFETY: the block holds at least `size` bytes.
             unsafe { ptr::write_bytes(p, 0, size) };
@@ -233,6 +240,9 @@ unsafe fn user_heap_alloc(heap: *mut ThreadHeap, size: usize, align: usize, zero
     if p.is_null() {
         return p;
     }
+    // SAFETY: a block of at least `size` bytes (zeroed when asked), of
+    // `heap` from the list push below on.
+    unsafe { track::heap_allocated(heap, p, size, zero) };
     let segment = if align >= SEGMENT_SIZE {
         (Segment::of(p) as usize - SEGMENT_SIZE) as *mut Segment
     } else {
@@ -261,6 +271,7 @@ unsafe fn user_heap_free(heap: *mut ThreadHeap, p: *mut u8) {
     let segment = Segment::of(p);
     // SAFETY: `[segment-header]`: `p` lies in a live segment (caller contract).
     unsafe {
+        track::freed(p);
         if (*segment).owner() == heap as usize && (*segment).kind != SegmentKind::Large {
             free_owned(&*heap, Segment::page_of(segment, p), p, (*heap).free_key());
         } else {
@@ -298,6 +309,8 @@ unsafe fn user_heap_destroy(heap: *mut ThreadHeap) {
     let h = unsafe { &*heap };
     // Busy until the heap is pooled (a pooled heap is rewritten whole).
     h.begin_change();
+    // Before any of its memory can serve another heap.
+    track::heap_destroyed(heap);
     // SAFETY: caller contract: the heap and everything it owns are ours;
     // `[heap-busy]`: inside a change.
     let state = unsafe { h.state() };

@@ -17,15 +17,14 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::Instant;
 
+#[path = "../../../tlmalloc/tests/common/cargo.rs"]
+mod cargo;
 #[path = "../../../tlmalloc/tests/common/rng.rs"]
 mod rng;
 #[allow(unused_imports)] // not every test binary draws random numbers
 pub use rng::Rng;
 
-/// The workspace root.
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+pub use cargo::workspace_root;
 
 /// `include/` (tlmalloc.h).
 pub fn include_dir() -> PathBuf {

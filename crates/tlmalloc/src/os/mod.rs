@@ -41,6 +41,13 @@
 //! `grow_in_place`, `move_mapping` and `purge` fail (as their contract
 //! allows: null or false, nothing changed, `errno = ENOMEM`) for a chosen
 //! share of their calls (`fault.rs`); without it they never fail on purpose.
+//!
+//! `valgrind` (`os/valgrind.rs`) holds memcheck's client requests: which
+//! bytes are the program's blocks, which are no-access, which are defined.
+//! They do nothing outside valgrind, and without the `valgrind` feature
+//! they are empty functions.
+
+pub mod valgrind;
 
 pub mod fault;
 #[cfg(target_os = "linux")]
