@@ -30,10 +30,10 @@
 //!   OS calls of the slow path may set it even when they succeed).
 //!
 //! Hot paths (x86-64, `scripts/hotpath-counts.sh` on the release build):
-//! `malloc` of up to 1 KiB is 16 instructions (size test, initial-exec TLS
-//! load, one indexed load, pop, count, `ret`); `free` by the owning thread
-//! is 26, of which 6 (two loads: the map's address and the byte) are the
-//! foreign-pointer check.
+//! `malloc` of up to 1 KiB is 17 instructions (size test, initial-exec TLS
+//! load, one indexed load, pop, key clear, count, `ret`); `free` by the
+//! owning thread is 29, of which 6 (two loads: the map's address and the
+//! byte) are the foreign-pointer check and 3 the double-free key.
 //!
 //! Lock order and fork: this crate takes no lock of its own. The core holds
 //! none across `fork` (`crates/tlmalloc/src/fork.rs`): its child handler

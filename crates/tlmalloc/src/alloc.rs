@@ -28,10 +28,10 @@ use crate::size_class::{class_of, class_size, direct_class, FIRST_MEDIUM_CLASS};
 
 /// Allocate `size` bytes, 16-byte aligned.
 ///
-/// Fast path, `size <= 1024`, budget 15 instructions (x86-64, `objdump -d`
+/// Fast path, `size <= 1024`, budget 16 instructions (x86-64, `objdump -d`
 /// of `libtlmalloc.so`'s `malloc`, the `ret` included): TLS load (2), size
-/// test (2), slot index (3), page load (1), free-list load and test (3), pop
-/// and count (3), return. No atomic, no lock, no "thread set up?" branch:
+/// test (2), slot index (3), page load (1), free-list load and test (3), pop,
+/// key clear and count (4), return. No atomic, no lock, no "thread set up?" branch:
 /// a thread without a heap reads the static empty heap, whose pages are
 /// all empty, and falls into [`alloc_slow`]. `scripts/callgrind-pair.sh`
 /// and `scripts/callgrind-preload.sh` count the malloc/free pair.

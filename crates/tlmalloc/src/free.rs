@@ -18,10 +18,10 @@ use crate::sync::Ordering;
 
 /// Free `p`, a block this allocator handed out and not yet freed.
 ///
-/// Fast path when the calling thread owns the block, budget 17 instructions
+/// Fast path when the calling thread owns the block, budget 20 instructions
 /// (x86-64, inlined into a Rust caller): segment mask (2), TLS load (2),
-/// owner load, compare, branch (3), page index (5), push onto `local_free`
-/// (3), count and empty test (2). No atomic, no lock. The C `free` adds the
+/// owner load, compare, branch (3), page index (5), double-free key compare,
+/// branch and store (3), push onto `local_free` (3), count and empty test (2). No atomic, no lock. The C `free` adds the
 /// segment-map check (`api.rs`). `scripts/callgrind-pair.sh` counts the pair.
 ///
 /// # Safety
