@@ -136,10 +136,16 @@ pub unsafe fn release_abandoned(segment: *mut Segment) {
         // SAFETY: off the list, ours; every block came back, so settling
         // releases every page and with the last one the segment.
         let released = unsafe { release_empty_pages(segment) };
-        debug_assert!(
-            released,
-            "an abandoned segment's count reached 0 with a block live"
-        );
+        if !released {
+            // The count reached 0 with a block still live: a free that read
+            // `owner == 0` in an earlier abandonment of this segment (before
+            // a heap adopted it and abandoned it again) took its unit off
+            // this abandonment's count. Nothing is lost: publish the
+            // segment again with a fresh count, for adoption or for its
+            // real last free.
+            // SAFETY: off the list and ours (`take`); a page is in use.
+            unsafe { ABANDONED.abandon(segment) };
+        }
     }
 }
 
