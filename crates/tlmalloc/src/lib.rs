@@ -128,6 +128,7 @@ pub mod fault_injection;
 mod pool;
 #[cfg(not(loom))]
 pub mod realtime;
+#[cfg(not(loom))]
 mod track;
 #[cfg(not(loom))]
 mod user_heap;
