@@ -130,6 +130,7 @@ pub fn adopt(heap: *const ThreadHeap, state: &mut HeapState) -> bool {
 /// the caller just pushed on its page's remote list.
 #[cold]
 #[inline(never)]
+#[allow(dead_code)] // its caller in `free_slow` is off until the unmap race is closed
 pub unsafe fn release_abandoned(segment: *mut Segment) {
     // SAFETY: caller contract.
     if unsafe { ABANDONED.take(segment, 0) } {
