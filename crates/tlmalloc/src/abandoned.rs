@@ -16,11 +16,17 @@
 //!    whole segment is empty, the segment; the rest joins its own queues.
 //! 4. Nobody needs to adopt for the memory to come back: before `owner`
 //!    becomes 0, the exiting thread stores the segment's live blocks in
-//!    `abandoned_live`; a free that finds `owner == 0` takes one off after
-//!    pushing its block, and the one that takes the last takes the segment
-//!    off the list ([`Abandoned::take`]) and releases it whole. Frees that
-//!    land between the count and `owner = 0` are not counted, so the count
-//!    can only be too high (a segment left to adoption), never too low.
+//!    `abandoned_live`; a free that finds `owner == 0` takes one off
+//!    *before* it pushes its block ([`Abandoned::count_free`]), and the one
+//!    that takes the last takes the segment off the list
+//!    ([`Abandoned::take`]), pushes its block, and settles the segment.
+//!    The order is what keeps the header mapped: while a freer's block is
+//!    unpublished the segment has a live block, so no adopter can release
+//!    it; once the block is pushed the freer never touches the segment
+//!    again (unless `take` made it the holder). Frees that land between
+//!    the count and `owner = 0`, and frees counted but not yet pushed when
+//!    the last one settles, leave the count too high (a segment left to
+//!    adoption and the purger), never too low.
 
 use crate::list::List;
 use crate::lock::SpinLock;
@@ -119,6 +125,23 @@ impl Abandoned {
         }
         list.len += 1;
         self.count.store(list.len, Ordering::Relaxed);
+    }
+
+    /// A free found `segment`'s `owner == 0` (step 4): count its block off
+    /// the abandonment, before the block is pushed. True when it was the
+    /// last counted block and the segment is now the caller's (off the
+    /// list, owner 0): the caller pushes its block, then settles the segment.
+    ///
+    /// # Safety
+    /// `segment` is a live segment and the caller's block in it is live and
+    /// not yet pushed (so nobody can release the segment meanwhile).
+    pub unsafe fn count_free(&self, segment: *mut Segment) -> bool {
+        // A count from an earlier abandonment may be taken below 0 here
+        // (it wraps and stays high): the next `abandon` stores a fresh one.
+        // SAFETY: caller contract: the header is mapped.
+        let before = unsafe { (*segment).abandoned_live.fetch_sub(1, Ordering::AcqRel) };
+        // SAFETY: as above; `take` needs nothing more.
+        before == 1 && unsafe { self.take(segment, 0) }
     }
 
     /// Take `segment` off the list if it is on it, and make `new_owner` its

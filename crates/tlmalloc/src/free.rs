@@ -3,7 +3,9 @@
 //! remote list otherwise — and a page that empties goes back to its segment.
 //! Large blocks go to the recycle cache (`large.rs`).
 
+use crate::abandoned::ABANDONED;
 use crate::counters::RETIRED;
+use crate::handover::release_abandoned;
 use crate::heap::{thread_heap, HeapKind, ThreadHeap};
 use crate::large;
 use crate::os::{self, valgrind};
@@ -165,8 +167,12 @@ unsafe fn free_slow(segment: *mut Segment, p: *mut u8) {
             report::misuse("free", p, "not the start of a block");
         }
         let owner = (*segment).owner() as *const ThreadHeap;
-        let abandoned = owner.is_null();
-        if !abandoned {
+        let mut holder = false;
+        if owner.is_null() {
+            // `[abandoned]` step 4: counted before the push, while our live
+            // block keeps the segment from being released under us.
+            holder = ABANDONED.count_free(segment);
+        } else {
             // `[block-key]`: only the owner may search the page's lists, so
             // a key already there is reported as it is (it cannot be user
             // data: see `Block`).
@@ -181,15 +187,12 @@ unsafe fn free_slow(segment: *mut Segment, p: *mut u8) {
         }
         poison::fill_freed(p, (*page).block_size);
         count_remote_free((*page).class as usize);
-        // `[thread-free]`: the block is ours until the push publishes it.
+        // `[thread-free]`: the block is ours until the push publishes it;
+        // after it, the segment is touched again only by its holder.
         (*page).thread_free.push(p.cast());
-        // `[abandoned]` step 4 (releasing an abandoned segment at its last
-        // free) is off: between the push above and a decrement here, a heap
-        // may adopt the segment, collect this block and unmap the segment,
-        // so the decrement would touch unmapped memory (a crash seen in
-        // about 1 in 15 runs of the C thread-churn test). Adoption and the
-        // purger return abandoned segments until that window is closed.
-        let _ = abandoned;
+        if holder {
+            release_abandoned(segment);
+        }
     }
 }
 

@@ -121,32 +121,29 @@ pub fn adopt(heap: *const ThreadHeap, state: &mut HeapState) -> bool {
     true
 }
 
-/// The last live block of an abandoned segment was just freed (its free
-/// took `abandoned_live` to 0, `[abandoned]` step 4): take the segment off
-/// the list and release it whole, unless a heap adopted it meanwhile.
+/// The last counted block of an abandoned segment was just freed and its
+/// free took the segment off the list (`Abandoned::count_free`,
+/// `[abandoned]` step 4): settle it, releasing every empty page and with
+/// the last one the segment.
 ///
 /// # Safety
-/// `segment` is a live small or medium segment whose last counted block
-/// the caller just pushed on its page's remote list.
+/// The caller holds `segment` (`count_free` returned true) and has pushed
+/// its block on its page's remote list.
 #[cold]
 #[inline(never)]
-#[allow(dead_code)] // its caller in `free_slow` is off until the unmap race is closed
 pub unsafe fn release_abandoned(segment: *mut Segment) {
-    // SAFETY: caller contract.
-    if unsafe { ABANDONED.take(segment, 0) } {
-        // SAFETY: off the list, ours; every block came back, so settling
-        // releases every page and with the last one the segment.
-        let released = unsafe { release_empty_pages(segment) };
-        if !released {
-            // The count reached 0 with a block still live: a free that read
-            // `owner == 0` in an earlier abandonment of this segment (before
-            // a heap adopted it and abandoned it again) took its unit off
-            // this abandonment's count. Nothing is lost: publish the
-            // segment again with a fresh count, for adoption or for its
-            // real last free.
-            // SAFETY: off the list and ours (`take`); a page is in use.
-            unsafe { ABANDONED.abandon(segment) };
-        }
+    // SAFETY: caller contract: off the list and ours; collecting brings
+    // back every block that has been pushed.
+    let released = unsafe { release_empty_pages(segment) };
+    if !released {
+        // A block is still live: a free counted its block but has not pushed
+        // it yet, or a free that read `owner == 0` in an earlier abandonment
+        // of this segment (before a heap adopted it and abandoned it again)
+        // took its unit off this abandonment's count. Nothing is lost:
+        // publish the segment again with a fresh count, for adoption, the
+        // purger or its real last free.
+        // SAFETY: off the list and ours; a page is in use.
+        unsafe { ABANDONED.abandon(segment) };
     }
 }
 

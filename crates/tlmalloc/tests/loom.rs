@@ -10,7 +10,11 @@
 //!    (`Abandoned::adopt`, then `collect_remote_frees`, as
 //!    `handover::adopt` does): ownership passes through the abandoned
 //!    list, and every block still comes back exactly once.
-//! 3. The shared large-block cache (`SharedLargeCache`) under concurrent
+//! 3. The last free of an abandoned segment racing its adoption
+//!    (`Abandoned::count_free`, what `free::free_slow` runs): the segment
+//!    is released at most once, and never while another thread may still
+//!    touch its header.
+//! 4. The shared large-block cache (`SharedLargeCache`) under concurrent
 //!    put and take: no segment is lost or handed out twice, and the byte
 //!    count returns to what is cached.
 //!
@@ -218,6 +222,93 @@ fn thread_exit_races_remote_free_and_adoption() {
         s.pages[0].collect_local();
         assert_eq!(s.pages[0].used, 0);
         assert_eq!(free_list(&s.pages[0]), handed.iter().copied().collect());
+        assert!(abandoned.adopt(ADOPTER).is_null());
+    });
+}
+
+/// What `free::free_slow` runs for a block of an abandoned segment: count
+/// it off (`Abandoned::count_free`), push it, and settle the segment if the
+/// count made this thread its holder (`handover::release_abandoned`).
+/// `mapping` stands for the segment's memory: reading it is touching the
+/// header, writing it is unmapping the segment, so loom reports a touch
+/// that an unmap can race with. Returns whether this thread released it.
+fn free_into_abandoned(
+    abandoned: &Abandoned,
+    segment: Shared<Segment>,
+    block: usize,
+    mapping: &loom::cell::UnsafeCell<u8>,
+) -> bool {
+    let s = segment.0;
+    mapping.with(|_| ());
+    // SAFETY: our block is live and unpushed, so the segment is mapped.
+    let holder = unsafe { abandoned.count_free(s) };
+    mapping.with(|_| ());
+    // SAFETY: a live block of page 0, freed once.
+    unsafe { (*s).pages[0].thread_free.push(block as *mut Block) };
+    if !holder {
+        return false; // the segment is not ours to touch any more
+    }
+    // SAFETY: `count_free` made us the holder: off the list, ours.
+    unsafe {
+        if (*s).collect_remote_frees() != 0 {
+            mapping.with_mut(|_| ());
+            return true;
+        }
+        abandoned.abandon(s);
+    }
+    false
+}
+
+#[test]
+fn last_free_of_abandoned_segment_races_adoption() {
+    const OWNER: usize = 1;
+    const ADOPTER: usize = 3;
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(3);
+    builder.check(|| {
+        let (segment, handed) = segment_with_blocks(2, OWNER);
+        let abandoned = Arc::new(Abandoned::new());
+        let mapping = Arc::new(loom::cell::UnsafeCell::new(0u8));
+        // The owner exited with both blocks live.
+        // SAFETY: ours, on no list, a page in use.
+        unsafe { abandoned.abandon(segment.0) };
+
+        let freers: Vec<_> = handed
+            .iter()
+            .map(|&b| {
+                let abandoned = abandoned.clone();
+                let mapping = mapping.clone();
+                thread::spawn(move || free_into_abandoned(&abandoned, segment, b, &mapping))
+            })
+            .collect();
+
+        // A live heap adopts meanwhile, as `handover::adopt` does.
+        let mut released = 0;
+        let adopted = abandoned.adopt(ADOPTER);
+        if !adopted.is_null() {
+            // SAFETY: adopted: ours now.
+            if unsafe { (*adopted).collect_remote_frees() } != 0 {
+                mapping.with_mut(|_| ());
+                released += 1;
+            }
+        }
+        for t in freers {
+            released += t.join().unwrap() as usize;
+        }
+        assert!(released <= 1, "released twice");
+        if released == 0 {
+            // Left to its holder: the adopter, or the list (for a later
+            // adoption or the purger). Every block is back by now.
+            let holder = if adopted.is_null() {
+                abandoned.adopt(ADOPTER)
+            } else {
+                adopted
+            };
+            assert_eq!(holder, segment.0);
+            // SAFETY: every other thread has finished; ours.
+            let s = unsafe { &mut *holder };
+            assert_eq!(s.collect_remote_frees(), 1);
+        }
         assert!(abandoned.adopt(ADOPTER).is_null());
     });
 }

@@ -140,3 +140,46 @@ fn owner_exits_before_collecting() {
         reserved(),
     );
 }
+
+#[test]
+fn owner_exits_and_the_last_frees_release_its_segments() {
+    let _guard = serial();
+    tlmalloc::collect();
+    let before = tlmalloc::stats::os_stats();
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<usize>>();
+    let owner = thread::spawn(move || {
+        tx.send(allocate_gib(7)).unwrap();
+    });
+    let ptrs = rx.recv().unwrap();
+    owner.join().unwrap();
+    let exited = tlmalloc::stats::os_stats();
+    let abandoned = exited.segments_abandoned - before.segments_abandoned;
+    // Nobody collects and nobody needs pages: each segment must go back at
+    // its last free (`[abandoned]` step 4), by the thread that frees it.
+    thread::spawn(move || free_all(ptrs, 8)).join().unwrap();
+    let after = tlmalloc::stats::os_stats();
+    let adopted = after.segments_adopted - exited.segments_adopted;
+    println!(
+        "owner exited, no collect: segments in use {} -> {} -> {} ({abandoned} abandoned, {adopted} adopted); reserved {:.1} -> {:.1} -> {:.1} MiB",
+        before.segments_in_use,
+        exited.segments_in_use,
+        after.segments_in_use,
+        mib(before.reserved_bytes),
+        mib(exited.reserved_bytes),
+        mib(after.reserved_bytes)
+    );
+    assert!(
+        abandoned >= 200,
+        "1 GiB of blocks left only {abandoned} segments abandoned"
+    );
+    assert!(
+        adopted * 10 < abandoned,
+        "{adopted} of {abandoned} segments went back by adoption, not by their last free"
+    );
+    assert!(
+        after.segments_in_use <= before.segments_in_use + 4,
+        "{} segments still in use after every block came back (started at {})",
+        after.segments_in_use,
+        before.segments_in_use
+    );
+}
