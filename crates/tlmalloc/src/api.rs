@@ -16,6 +16,7 @@ use crate::heap::{self, thread_heap};
 use crate::large;
 use crate::os;
 use crate::page::Page;
+use crate::poison;
 use crate::report;
 use crate::segment::{Segment, SegmentKind};
 use crate::segment_map::{self, CHUNK_HEADER_BELOW, CHUNK_SEGMENT};
@@ -38,11 +39,12 @@ unsafe impl GlobalAlloc for TlMalloc {
     #[inline(always)]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // The alignment is almost always a constant, so only one arm survives.
+        let size = poison::padded(layout.size());
         let p = if layout.align() <= 16 {
             // Every block is 16-aligned.
-            alloc::malloc(layout.size())
+            alloc::malloc(size)
         } else {
-            alloc::malloc_aligned(layout.size(), layout.align())
+            alloc::malloc_aligned(size, layout.align())
         };
         // SAFETY: null or a block of at least `layout.size()` bytes.
         unsafe { track::allocated(p, layout.size(), false) };
@@ -70,7 +72,7 @@ unsafe impl GlobalAlloc for TlMalloc {
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         if layout.size() > MEDIUM_SIZE_MAX && layout.align() <= OS_PAGE_SIZE {
             // Memory fresh from the OS (or purged) is not cleared again.
-            let p = large_alloc(layout.size(), layout.align(), true);
+            let p = large_alloc(poison::padded(layout.size()), layout.align(), true);
             // SAFETY: null or a zeroed block of at least `layout.size()` bytes.
             unsafe { track::allocated(p, layout.size(), true) };
             return p;
@@ -91,7 +93,7 @@ unsafe impl GlobalAlloc for TlMalloc {
             // (GlobalAlloc contract), not a 4 MiB-aligned large one.
             unsafe {
                 let (segment, page) = locate_trusted(p);
-                let q = try_resize(segment, page, p, new_size);
+                let q = try_resize(segment, page, p, poison::padded(new_size));
                 if !q.is_null() {
                     track::resized(p, q, layout.size(), new_size);
                     return q;
@@ -114,6 +116,14 @@ unsafe impl GlobalAlloc for TlMalloc {
 /// The usable size a request of `n` bytes gets (the block size it is
 /// served with), or `usize::MAX` when no block that large can exist.
 pub fn good_size(n: usize) -> usize {
+    match block_for(poison::padded(n)) {
+        usize::MAX => usize::MAX,
+        block => block - poison::SLACK_PAD,
+    }
+}
+
+/// The block size the paths below serve a request of `n` bytes with.
+fn block_for(n: usize) -> usize {
     if n <= MEDIUM_SIZE_MAX {
         class_size(class_of(n))
     } else {
@@ -125,7 +135,7 @@ pub fn good_size(n: usize) -> usize {
 /// the request cannot be met.
 #[inline(always)]
 pub fn malloc(size: usize) -> *mut u8 {
-    let p = alloc::malloc(size);
+    let p = alloc::malloc(poison::padded(size));
     // SAFETY: null or a block of at least `size` bytes.
     unsafe { track::allocated(p, size, false) };
     p
@@ -137,7 +147,7 @@ pub fn malloc_aligned(size: usize, align: usize) -> *mut u8 {
     if !align.is_power_of_two() {
         return ptr::null_mut();
     }
-    let p = alloc::malloc_aligned(size, align);
+    let p = alloc::malloc_aligned(poison::padded(size), align);
     // SAFETY: null or a block of at least `size` bytes.
     unsafe { track::allocated(p, size, false) };
     p
@@ -151,12 +161,12 @@ pub fn calloc(count: usize, size: usize) -> *mut u8 {
     };
     if total > MEDIUM_SIZE_MAX {
         // Memory fresh from the OS (or purged) is not cleared again.
-        let p = large_alloc(total, 16, true);
+        let p = large_alloc(poison::padded(total), 16, true);
         // SAFETY: null or a zeroed block of at least `total` bytes.
         unsafe { track::allocated(p, total, true) };
         return p;
     }
-    let p = alloc::malloc(total);
+    let p = alloc::malloc(poison::padded(total));
     // SAFETY: null or a block of at least `total` bytes, zeroed below.
     unsafe { track::allocated(p, total, true) };
     if !p.is_null() {
@@ -282,15 +292,17 @@ unsafe fn try_resize(
 #[inline]
 pub(crate) fn stays_in_place(usable: usize, new_size: usize) -> bool {
     if cfg!(feature = "check") {
-        new_size <= usable && good_size(new_size) == usable
+        new_size <= usable && block_for(new_size) == usable
     } else {
         new_size <= usable && (new_size >= usable / 2 || usable <= 128)
     }
 }
 
-/// The usable size a fresh request of `size` bytes aligned to `align`
-/// gets (what `malloc_aligned(size, align)` returns a block of).
+/// The block size a fresh request of `size` bytes aligned to `align`
+/// gets (what `malloc_aligned(size, align)` returns a block of), `size`
+/// padded as the front doors pad it.
 pub(crate) fn expected_usable(size: usize, align: usize) -> usize {
+    let size = poison::padded(size);
     match pooled_size(size, align) {
         Some(n) => class_size(class_of(n)),
         None => large::large_usable(size).unwrap_or(usize::MAX),
@@ -299,8 +311,9 @@ pub(crate) fn expected_usable(size: usize, align: usize) -> usize {
 
 /// With the `check` feature: abort with a one-line report unless `p`
 /// (a live block, or null) is a block a request of `size` bytes aligned
-/// to `align` gets. A wrong-size free caught here is caught the first
-/// time: the page knows its block size.
+/// to `align` gets, and (from the block's `[slack]` trailer) exactly the
+/// size it was requested with. A wrong-size free caught here is caught the
+/// first time: the page knows its block size.
 #[cfg(feature = "check")]
 #[cold]
 #[inline(never)]
@@ -311,8 +324,16 @@ pub(crate) fn check_size(function: &str, p: *mut u8, size: usize, align: usize) 
     let (_, page) = locate(p, function);
     // SAFETY: `page` describes the live block `p` (caller's contract).
     let usable = unsafe { (*page).block_size };
-    if size > usable || expected_usable(size, align) != usable {
+    if poison::padded(size) > usable || expected_usable(size, align) != usable {
         report::wrong_size(function, p, size, align, usable);
+    }
+    // The `[slack]` trailer knows the exact size (an invalid one is the
+    // free's to report, as a write past the end).
+    // SAFETY: as above; every block reaching a sized free came from a front door.
+    if let Some(requested) = unsafe { poison::recorded_size(p, usable) } {
+        if requested != size {
+            report::wrong_size(function, p, size, align, requested);
+        }
     }
 }
 
@@ -363,7 +384,7 @@ pub unsafe fn realloc(p: *mut u8, new_size: usize) -> *mut u8 {
     unsafe {
         // The whole block, or under memcheck the bytes the program may read.
         let old = track::requested_size(p, (*page).block_size);
-        let moved = try_resize(segment, page, p, new_size);
+        let moved = try_resize(segment, page, p, poison::padded(new_size));
         if !moved.is_null() {
             track::resized(p, moved, old, new_size);
             return moved;

@@ -15,7 +15,8 @@ use crate::size_class::{direct_class, CLASS_COUNT};
 
 /// Verify `[direct-current]`, `[queues]`, `[page-accounting]`,
 /// `[page-lists]`, `[segment-lists]` and `[segment-pages]` for the heap at
-/// `heap` whose state is `state`; abort on a violation.
+/// `heap` whose state is `state`; abort on a violation. Every segment of
+/// the heap is walked, and every page in use in it (full ones included).
 pub fn check_heap(heap: usize, state: &HeapState) {
     for class in 0..CLASS_COUNT {
         check_queue(heap, state, class);
@@ -31,7 +32,7 @@ pub fn check_heap(heap: usize, state: &HeapState) {
         while !segment.is_null() {
             // SAFETY: `[segment-lists]` (being checked): the heap's segments are live.
             unsafe {
-                check_segment(heap, &*segment, list);
+                check_segment(heap, state, &*segment, list);
                 segment = List::next(segment);
             }
         }
@@ -56,13 +57,6 @@ fn check_queue(heap: usize, state: &HeapState, class: usize) {
         check(
             unsafe { List::prev(page) } == prev,
             "broken page queue links",
-        );
-        check(p.capacity <= p.reserved, "page capacity above reserved");
-        let free_len = free_list_len(p, p.free) + free_list_len(p, p.local_free);
-        let pin = u32::from(state.current[class] == page);
-        check(
-            p.capacity + pin == p.used + free_len,
-            "page accounting broken",
         );
         // SAFETY: `[segment-header]`: a page's segment header is at its chunk start.
         let segment = unsafe { &*Segment::of(page.cast()) };
@@ -96,7 +90,23 @@ fn free_list_len(page: &Page, head: *mut crate::page::Block) -> u32 {
     len
 }
 
-fn check_segment(heap: usize, segment: &Segment, list: u8) {
+/// `[page-accounting]` and `[page-lists]` for a page in use of `state`'s
+/// heap, queued or not (a full page is on no queue but still counts).
+fn check_page(state: &HeapState, page: &Page) {
+    check((page.class as usize) < CLASS_COUNT, "page of no size class");
+    check(
+        page.capacity <= page.reserved,
+        "page capacity above reserved",
+    );
+    let free_len = free_list_len(page, page.free) + free_list_len(page, page.local_free);
+    let pin = u32::from(ptr::eq(state.current[page.class as usize], page));
+    check(
+        page.capacity + pin == page.used + free_len,
+        "page accounting broken",
+    );
+}
+
+fn check_segment(heap: usize, state: &HeapState, segment: &Segment, list: u8) {
     check(segment.owner() == heap, "listed segment of another owner");
     check(segment.list == list, "segment on the wrong list");
     check(
@@ -114,5 +124,8 @@ fn check_segment(heap: usize, segment: &Segment, list: u8) {
             segment.pages[index].in_use == in_use,
             "page slot in use disagrees with the free mask",
         );
+        if in_use {
+            check_page(state, &segment.pages[index]);
+        }
     }
 }

@@ -79,6 +79,7 @@ pub unsafe fn free_owned(heap: &ThreadHeap, page: *mut Page, p: *mut u8, key: us
             // it in addressing modes instead of a register.
             return free_local_suspect(heap, p, key);
         }
+        poison::verify_slack("free", p, (*page).block_size);
         (*block).key = key;
         valgrind::close_word(p);
         poison::fill_freed(p, (*page).block_size);
@@ -171,6 +172,7 @@ unsafe fn free_slow(segment: *mut Segment, p: *mut u8) {
         if owner.is_null() {
             // `[abandoned]` step 4: counted before the push, while our live
             // block keeps the segment from being released under us.
+            poison::verify_slack("free", p, (*page).block_size);
             holder = ABANDONED.count_free(segment);
         } else {
             // `[block-key]`: only the owner may search the page's lists, so
@@ -182,6 +184,8 @@ unsafe fn free_slow(segment: *mut Segment, p: *mut u8) {
             if (*block).key == key {
                 report::misuse("free", p, "double free");
             }
+            // (A no-op under valgrind, which owns the slack there.)
+            poison::verify_slack("free", p, (*page).block_size);
             (*block).key = key;
             valgrind::close_word(p);
         }
@@ -227,6 +231,11 @@ pub unsafe fn large_free(segment: *mut Segment) {
     // SAFETY: caller contract; `[tls-heap]`.
     unsafe {
         large::assert_live(segment);
+        poison::verify_slack(
+            "free",
+            (*segment).large_block(),
+            (*segment).pages[0].block_size,
+        );
         let heap = &*thread_heap();
         heap.count_large((*segment).pages[0].block_size, false);
         if (*segment).owner() != 0 {

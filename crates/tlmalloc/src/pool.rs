@@ -22,6 +22,7 @@ use crate::alloc;
 use crate::api;
 use crate::config::SEGMENT_SIZE;
 use crate::free::free_trusted;
+use crate::poison;
 use crate::size_class::class_of_const;
 use crate::track;
 
@@ -51,10 +52,11 @@ impl<T> Pool<T> {
 
     /// The pooled class (the rule `malloc_aligned` follows), or
     /// `usize::MAX` when `T` is served as a large block.
-    const CLASS: usize = match alloc::pooled_size(Self::SIZE, core::mem::align_of::<T>()) {
-        Some(n) => class_of_const(n),
-        None => usize::MAX,
-    };
+    const CLASS: usize =
+        match alloc::pooled_size(poison::padded(Self::SIZE), core::mem::align_of::<T>()) {
+            Some(n) => class_of_const(n),
+            None => usize::MAX,
+        };
 
     /// A pool for `T` (a `const fn`, for statics).
     pub const fn new() -> Self {
@@ -63,7 +65,7 @@ impl<T> Pool<T> {
 
     /// The usable size of each of this pool's blocks.
     pub fn block_size(&self) -> usize {
-        api::expected_usable(Self::SIZE, core::mem::align_of::<T>())
+        api::expected_usable(Self::SIZE, core::mem::align_of::<T>()) - poison::SLACK_PAD
     }
 
     /// Move `value` into a block of the pool. Aborts with a message when
@@ -89,7 +91,7 @@ impl<T> Pool<T> {
         let p = if Self::CLASS != usize::MAX {
             alloc::alloc_class_for_pool(Self::CLASS)
         } else {
-            alloc::malloc_aligned(Self::SIZE, core::mem::align_of::<T>())
+            alloc::malloc_aligned(poison::padded(Self::SIZE), core::mem::align_of::<T>())
         };
         // SAFETY: null or a block of at least `SIZE` bytes.
         unsafe { track::allocated(p, Self::SIZE, false) };

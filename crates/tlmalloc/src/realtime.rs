@@ -42,7 +42,6 @@
 
 use core::ptr;
 
-use crate::alloc;
 use crate::api;
 use crate::config::{MEDIUM_SIZE_MAX, OS_PAGE_SIZE};
 use crate::heap::{HeapKind, ThreadHeap};
@@ -182,7 +181,9 @@ pub fn prewarm(sizes: &[usize], counts: &[usize]) -> Result<(), PrewarmError> {
     let mut result = Ok(());
     'all: for (&size, &count) in sizes.iter().zip(counts) {
         for _ in 0..count {
-            let p = alloc::malloc(size);
+            // Through the front door, so the block is the one a program's
+            // request of `size` gets (and carries its `[slack]` trailer).
+            let p = api::malloc(size);
             if p.is_null() {
                 result = Err(PrewarmError::OutOfMemory);
                 break 'all;

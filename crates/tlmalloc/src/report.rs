@@ -81,6 +81,20 @@ pub fn write_after_free(function: &str, ptr: *const u8, offset: usize) -> ! {
     emit_and_abort(&mut line)
 }
 
+/// Report that the block at `ptr`, requested with `size` bytes and being
+/// freed by `function`, was written at `offset`, past its end, and abort.
+#[cfg(feature = "check")]
+#[cold]
+#[inline(never)]
+pub fn write_past_end(function: &str, ptr: *const u8, size: usize, offset: usize) -> ! {
+    let mut line = misuse_head(function, ptr);
+    line.str("write past the end of ")
+        .decimal(size)
+        .str(" bytes at offset ")
+        .decimal(offset);
+    emit_and_abort(&mut line)
+}
+
 /// Report a sized free whose size does not match its block, and abort.
 #[cfg(feature = "check")]
 #[cold]

@@ -1,5 +1,7 @@
 //! What memcheck is told about the program's blocks (the `valgrind`
-//! feature; `valgrind --tool=memcheck`).
+//! feature; `valgrind --tool=memcheck`), and where the checked build
+//! (`check`) writes each block's slack canary (`poison.rs`, `[slack]`):
+//! both need the requested size, which only the front ends know.
 //!
 //! The front ends call these at their edge: [`allocated`] right after a
 //! block comes out of the allocator, [`freed`] right before it goes back,
@@ -32,6 +34,7 @@
 use crate::config::SEGMENT_SIZE;
 use crate::heap::{HeapKind, ThreadHeap};
 use crate::os::valgrind;
+use crate::poison;
 use crate::segment::Segment;
 use crate::segment_map::{self, CHUNK_HEADER_BELOW};
 
@@ -52,6 +55,8 @@ pub fn active() -> bool {
 /// `p` is null or a live block of ours of at least `size` bytes.
 #[inline(always)]
 pub unsafe fn allocated(p: *mut u8, size: usize, zeroed: bool) {
+    // SAFETY: caller contract.
+    unsafe { mark_slack(p, size) };
     if ON && !p.is_null() {
         // SAFETY: caller contract.
         unsafe { announce(p, size, zeroed, core::ptr::null()) }
@@ -65,6 +70,8 @@ pub unsafe fn allocated(p: *mut u8, size: usize, zeroed: bool) {
 /// As [`allocated`], and `heap` is the live user heap that handed `p` out.
 #[inline(always)]
 pub unsafe fn heap_allocated(heap: *const ThreadHeap, p: *mut u8, size: usize, zeroed: bool) {
+    // SAFETY: caller contract.
+    unsafe { mark_slack(p, size) };
     if ON && !p.is_null() {
         // SAFETY: caller contract.
         unsafe { announce(p, size, zeroed, heap.cast()) }
@@ -92,6 +99,8 @@ pub unsafe fn freed(p: *mut u8) {
 /// `q` is a live block of ours.
 #[inline(always)]
 pub unsafe fn resized(p: *mut u8, q: *mut u8, old: usize, new: usize) {
+    // SAFETY: caller contract.
+    unsafe { mark_slack(q, new) };
     if ON && q == p {
         // SAFETY: caller contract.
         unsafe { resized_slow(p, old, new) }
@@ -105,10 +114,29 @@ pub unsafe fn resized(p: *mut u8, q: *mut u8, old: usize, new: usize) {
 /// `usable` outside valgrind.
 #[inline(always)]
 pub fn requested_size(p: *const u8, usable: usize) -> usize {
-    if ON {
+    if ON && valgrind::running_on_valgrind() {
         valgrind::addressable_prefix(p, usable)
+    } else if cfg!(feature = "check") {
+        // SAFETY: `p` is a live block of `usable` bytes from a front door.
+        unsafe { poison::requested(p, usable) }
     } else {
         usable
+    }
+}
+
+/// With `check`: write the `[slack]` trailer and canary of the block `p`
+/// (null: nothing), handed out for `size` bytes.
+///
+/// # Safety
+/// `p` is null or a live block of ours served for `poison::padded(size)` bytes.
+#[inline(always)]
+unsafe fn mark_slack(p: *mut u8, size: usize) {
+    if cfg!(feature = "check") && !p.is_null() {
+        // SAFETY: caller contract; `[segment-header]`: the header describes it.
+        unsafe {
+            let usable = (*Segment::page_of(segment_of(p), p)).block_size;
+            poison::mark_slack(p, size, usable);
+        }
     }
 }
 

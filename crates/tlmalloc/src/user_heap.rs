@@ -35,6 +35,7 @@ use crate::heap_pool;
 use crate::init::{ensure_process_init, thread_heap_or_init};
 use crate::large;
 use crate::os;
+use crate::poison;
 use crate::purge::PurgePolicy;
 use crate::registry;
 use crate::segment::{Segment, SegmentKind};
@@ -142,7 +143,7 @@ impl Heap {
     pub unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: forwarded contract: `p` is a live block.
         let usable = unsafe { api::block_size(p) };
-        if api::stays_in_place(usable, new_size)
+        if api::stays_in_place(usable, poison::padded(new_size))
             && api::expected_usable(new_size, layout.align()) <= usable
         {
             // SAFETY: as above.
@@ -225,7 +226,7 @@ fn user_heap_new() -> *mut ThreadHeap {
 /// # Safety
 /// `heap` is a live user heap and the calling thread its only user now.
 unsafe fn user_heap_alloc(heap: *mut ThreadHeap, size: usize, align: usize, zero: bool) -> *mut u8 {
-    if let Some(n) = pooled_size(size, align) {
+    if let Some(n) = pooled_size(poison::padded(size), align) {
         let p = alloc_class(heap, class_of(n));
         // SAFETY: null or a block of `heap` of at least `size` bytes,
         // zeroed below when asked.
@@ -236,7 +237,7 @@ unsafe fn user_heap_alloc(heap: *mut ThreadHeap, size: usize, align: usize, zero
         }
         return p;
     }
-    let p = large_alloc(size, align, zero);
+    let p = large_alloc(poison::padded(size), align, zero);
     if p.is_null() {
         return p;
     }

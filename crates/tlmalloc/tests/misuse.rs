@@ -370,3 +370,132 @@ fn expect_free_report_fn(
     let stderr = run_child(test_name, case);
     report_line(&stderr, function, reason);
 }
+
+/// A write one byte past a small block's requested size lands in its slack
+/// canary (`[slack]`) and is reported by the free, with the offset.
+#[cfg(feature = "check")]
+#[test]
+fn write_past_the_end_is_reported_with_check() {
+    expect_free_report(
+        "write_past_the_end_is_reported_with_check",
+        "overflow-small",
+        "write past the end of 60 bytes at offset 60",
+        || {
+            let p = tlmalloc::malloc(60);
+            // SAFETY: deliberately wrong: one byte past the 60 requested.
+            unsafe {
+                p.add(60).write(1);
+                tlmalloc::free(p);
+            }
+        },
+    );
+}
+
+/// A request that fills its class exactly still has the padding's
+/// trailer: the byte past it is caught too.
+#[cfg(feature = "check")]
+#[test]
+fn write_past_an_exact_fit_is_reported_with_check() {
+    expect_free_report(
+        "write_past_an_exact_fit_is_reported_with_check",
+        "overflow-exact",
+        "write past the end (slack trailer overwritten)",
+        || {
+            let n = tlmalloc::good_size(64);
+            let p = tlmalloc::malloc(n);
+            // SAFETY: deliberately wrong: one byte past the `n` requested.
+            unsafe {
+                p.add(n).write(0x55);
+                tlmalloc::free(p);
+            }
+        },
+    );
+}
+
+/// Medium and large blocks, a free from another thread, and a block
+/// shrunk in place by `realloc` (its canary moves with the new size).
+#[cfg(feature = "check")]
+#[test]
+fn write_past_the_end_is_reported_at_every_tier_with_check() {
+    for (case, size) in [
+        ("overflow-medium", 40_000usize),
+        ("overflow-large", 3 << 20),
+    ] {
+        expect_free_report(
+            "write_past_the_end_is_reported_at_every_tier_with_check",
+            case,
+            &format!("write past the end of {size} bytes at offset {}", size + 3),
+            || {
+                let p = tlmalloc::malloc(size);
+                // SAFETY: deliberately wrong: 3 bytes past the requested end.
+                unsafe {
+                    p.add(size + 3).write(9);
+                    tlmalloc::free(p);
+                }
+            },
+        );
+    }
+    expect_free_report(
+        "write_past_the_end_is_reported_at_every_tier_with_check",
+        "overflow-remote",
+        "write past the end of 100 bytes at offset 100",
+        || {
+            let p = tlmalloc::malloc(100) as usize;
+            // SAFETY: deliberately wrong: the free on another thread finds it.
+            unsafe { (p as *mut u8).add(100).write(1) };
+            std::thread::spawn(move || {
+                // SAFETY: the live block, freed once (its slack was overrun).
+                unsafe { tlmalloc::free(p as *mut u8) }
+            })
+            .join()
+            .unwrap();
+        },
+    );
+    expect_free_report(
+        "write_past_the_end_is_reported_at_every_tier_with_check",
+        "overflow-realloc",
+        "write past the end of 90 bytes at offset 90",
+        || {
+            // SAFETY: deliberately wrong: a byte past the shrunk size.
+            unsafe {
+                let p = tlmalloc::realloc(tlmalloc::malloc(100), 90);
+                p.add(90).write(1);
+                tlmalloc::free(p);
+            }
+        },
+    );
+}
+
+/// Writes up to the requested size, and `usable_size`'s answer, are never
+/// reported: the canary starts where the program's bytes end.
+#[cfg(feature = "check")]
+#[test]
+fn writes_within_the_requested_size_pass_with_check() {
+    for size in [
+        0usize,
+        1,
+        7,
+        8,
+        15,
+        16,
+        60,
+        64,
+        100,
+        1000,
+        40_000,
+        200_000,
+        3 << 20,
+    ] {
+        let p = tlmalloc::malloc(size);
+        // SAFETY: a live block of at least `usable_size(p)` bytes.
+        unsafe {
+            let usable = tlmalloc::usable_size(p);
+            assert_eq!(usable, size);
+            p.write_bytes(0xab, usable);
+            let q = tlmalloc::realloc(p, size + 5);
+            assert_eq!(tlmalloc::usable_size(q), size + 5);
+            q.write_bytes(0xcd, size + 5);
+            tlmalloc::free(q);
+        }
+    }
+}

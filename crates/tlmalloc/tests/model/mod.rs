@@ -1212,9 +1212,9 @@ impl Model {
             Op::Malloc { size } => {
                 let p = tlmalloc::malloc(size);
                 let b = self.adopt_new(p, size, 1, Kind::C, false, "malloc");
-                if b.usable != tlmalloc::good_size(size) {
+                if b.usable != expected_usable(size) {
                     self.fail(&format!(
-                        "malloc({size}): usable_size {} but good_size {}",
+                        "malloc({size}): usable_size {} but expected {}",
                         b.usable,
                         tlmalloc::good_size(size)
                     ));
@@ -1224,9 +1224,9 @@ impl Model {
                 let p = tlmalloc::calloc(count, size);
                 let total = count * size;
                 let b = self.adopt_new(p, total, 1, Kind::C, true, "calloc");
-                if b.usable != tlmalloc::good_size(total) {
+                if b.usable != expected_usable(total) {
                     self.fail(&format!(
-                        "calloc({count}, {size}): usable_size {} but good_size {}",
+                        "calloc({count}, {size}): usable_size {} but expected {}",
                         b.usable,
                         tlmalloc::good_size(total)
                     ));
@@ -1722,5 +1722,16 @@ pub fn self_test() {
             assert!(check_zero(z, size).is_err());
             tlmalloc::free(z);
         }
+    }
+}
+
+/// What `usable_size` answers for a fresh block of `size` bytes: its size
+/// class, or with the `check` feature the requested size itself (the rest
+/// of the block is its slack canary, `[slack]` in poison.rs).
+fn expected_usable(size: usize) -> usize {
+    if cfg!(feature = "check") {
+        size
+    } else {
+        tlmalloc::good_size(size)
     }
 }
