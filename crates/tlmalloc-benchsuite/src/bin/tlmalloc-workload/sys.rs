@@ -46,6 +46,21 @@ pub fn touch(p: *mut u8, value: u8) {
     unsafe { std::ptr::write_volatile(p, value) }
 }
 
+/// [`touch`] every page of a live block of `size` bytes, and its last
+/// byte: each page is faulted in, as a program that uses the whole block
+/// would.
+pub fn touch_pages(p: *mut u8, size: usize, value: u8) {
+    let page = page_size() as usize;
+    let mut off = 0;
+    while off < size {
+        // SAFETY: `off < size`: inside the block.
+        touch(unsafe { p.add(off) }, value);
+        off += page;
+    }
+    // SAFETY: the block's last byte (`size >= 1`).
+    touch(unsafe { p.add(size - 1) }, 1);
+}
+
 /// xorshift64*: small, fast, and the same sequence under every allocator.
 #[derive(Clone)]
 pub struct Rng(u64);
