@@ -47,7 +47,7 @@ pub struct Args {
 
     /// Comma-separated workloads [default: all]: loop, balanced, alloc-heavy, fixed, mixed,
     /// latency, xthread, migrate, server, churn, fragmentation, burst-idle, thread-recreate,
-    /// large-buffers, fresh-tail, cpython
+    /// large-buffers, fresh-tail, cpython, realtime
     #[arg(long, value_name = "LIST", value_parser = workload_list)]
     pub workloads: Option<::std::vec::Vec<&'static Workload>>,
 

@@ -358,6 +358,21 @@ impl Sampler {
         }
     }
 
+    /// Fault the buffer's pages in (fill it, then empty it), so that
+    /// recording never takes a page fault between timed calls.
+    pub fn fault_in(&mut self) {
+        while self.buf.len() < self.buf.capacity() {
+            self.buf.push(1);
+        }
+        self.buf.clear();
+    }
+
+    /// Forget the samples so far (a warm-up's), keeping the buffer.
+    pub fn clear(&mut self) {
+        self.buf.clear();
+        self.count = 0;
+    }
+
     pub fn into_samples(self) -> Vec<u32> {
         self.buf
     }
