@@ -30,6 +30,9 @@ pub struct Known {
     /// The key of its version in the workload's `probe` output.
     pub version_key: &'static str,
     pub note: &'static str,
+    /// Run only when named in `--allocators`, not by default (a variant
+    /// that would lengthen every run of the suite for one question).
+    pub opt_in: bool,
 }
 
 pub const KNOWN: &[Known] = &[
@@ -39,6 +42,15 @@ pub const KNOWN: &[Known] = &[
         env: &[],
         version_key: "tlmalloc",
         note: "this repository's libtlmalloc.so (crates/tlmalloc-capi)",
+        opt_in: false,
+    },
+    Known {
+        name: "tlmalloc-rt",
+        source: Source::Workspace("libtlmalloc.so", "tlmalloc-capi"),
+        env: &[("TLMALLOC_RT_DEFAULT", "defer")],
+        version_key: "tlmalloc",
+        note: "the same library with TLMALLOC_RT_DEFAULT=defer (every thread parks its unmaps and skips its purges: the throughput cost of the realtime mode); opt-in: --allocators tlmalloc,tlmalloc-rt",
+        opt_in: true,
     },
     Known {
         name: "glibc",
@@ -46,6 +58,7 @@ pub const KNOWN: &[Known] = &[
         env: &[],
         version_key: "glibc",
         note: "the C library's malloc, no preload",
+        opt_in: false,
     },
     Known {
         name: "jemalloc",
@@ -53,6 +66,7 @@ pub const KNOWN: &[Known] = &[
         env: &[],
         version_key: "jemalloc",
         note: "distribution package (Debian: libjemalloc2)",
+        opt_in: false,
     },
     Known {
         name: "tcmalloc",
@@ -60,6 +74,7 @@ pub const KNOWN: &[Known] = &[
         env: &[],
         version_key: "tcmalloc",
         note: "gperftools tcmalloc, distribution package (Debian: libtcmalloc-minimal4)",
+        opt_in: false,
     },
     Known {
         name: "mimalloc",
@@ -67,6 +82,7 @@ pub const KNOWN: &[Known] = &[
         env: &[],
         version_key: "mimalloc",
         note: "distribution package (Debian 12: libmimalloc2.0)",
+        opt_in: false,
     },
     Known {
         name: "mimalloc3",
@@ -74,6 +90,7 @@ pub const KNOWN: &[Known] = &[
         env: &[],
         version_key: "mimalloc",
         note: "the newest mimalloc, from the `mimalloc` crate (crates/mimalloc-preload), its defaults (allow_thp=1)",
+        opt_in: false,
     },
     Known {
         name: "mimalloc3-nothp",
@@ -81,6 +98,7 @@ pub const KNOWN: &[Known] = &[
         env: &[("MIMALLOC_ALLOW_THP", "0")],
         version_key: "mimalloc",
         note: "the same library with MIMALLOC_ALLOW_THP=0 (no transparent huge pages)",
+        opt_in: false,
     },
 ];
 
@@ -363,6 +381,13 @@ mod tests {
     fn known_names() {
         assert!(known("tlmalloc").is_some() && known("glibc").is_some());
         assert!(known("nope").is_none());
+        let rt = known("tlmalloc-rt").unwrap();
+        assert!(
+            rt.opt_in,
+            "the realtime variant doubles tlmalloc's runs: opt-in"
+        );
+        assert_eq!(rt.source, known("tlmalloc").unwrap().source);
+        assert!(rt.env.contains(&("TLMALLOC_RT_DEFAULT", "defer")));
         assert_eq!(
             KNOWN[0].name, "tlmalloc",
             "tlmalloc runs first in every round"
@@ -388,6 +413,7 @@ mod tests {
             env: &[],
             version_key: "x",
             note: "",
+            opt_in: false,
         };
         let loc = Locator {
             lib_dir: Path::new("/nonexistent"),

@@ -27,6 +27,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 pub fn color_of(allocator: &str) -> RGBColor {
     match allocator {
         "tlmalloc" => RGBColor(0xd6, 0x27, 0x28),
+        "tlmalloc-rt" => RGBColor(0xff, 0x98, 0x96),
         "glibc" => RGBColor(0x7f, 0x7f, 0x7f),
         "jemalloc" => RGBColor(0x1f, 0x77, 0xb4),
         "tcmalloc" => RGBColor(0x2c, 0xa0, 0x2c),

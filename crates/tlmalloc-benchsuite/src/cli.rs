@@ -47,12 +47,14 @@ pub struct Args {
 
     /// Comma-separated workloads [default: all]: loop, balanced, alloc-heavy, fixed, mixed,
     /// latency, xthread, migrate, server, churn, fragmentation, burst-idle, thread-recreate,
-    /// large-buffers, fresh-tail, cpython
+    /// large-buffers, fresh-tail, cpython, realtime
     #[arg(long, value_name = "LIST", value_parser = workload_list)]
     pub workloads: Option<::std::vec::Vec<&'static Workload>>,
 
-    /// Comma-separated allocators [default: all]: tlmalloc, glibc, jemalloc, tcmalloc,
-    /// mimalloc, mimalloc3, mimalloc3-nothp (tlmalloc is always run first)
+    /// Comma-separated allocators [default: all but tlmalloc-rt]: tlmalloc, glibc, jemalloc,
+    /// tcmalloc, mimalloc, mimalloc3, mimalloc3-nothp, tlmalloc-rt (opt-in: tlmalloc with
+    /// TLMALLOC_RT_DEFAULT=defer, the realtime mode's throughput cost) (tlmalloc is always run
+    /// first)
     #[arg(long, value_name = "LIST", value_parser = allocator_list)]
     pub allocators: Option<::std::vec::Vec<&'static Known>>,
 
@@ -159,7 +161,9 @@ impl From<Args> for Options {
         Options {
             budget,
             workloads: a.workloads.unwrap_or_else(|| WORKLOADS.iter().collect()),
-            allocators: a.allocators.unwrap_or_else(|| KNOWN.iter().collect()),
+            allocators: a
+                .allocators
+                .unwrap_or_else(|| KNOWN.iter().filter(|k| !k.opt_in).collect()),
             threads: a.threads.unwrap_or_else(|| vec![1, 2]),
             runs,
             callgrind: a.callgrind,
@@ -285,7 +289,8 @@ mod tests {
         assert_eq!(o.runs, 5);
         assert_eq!(o.threads, [1, 2]);
         assert_eq!(o.workloads.len(), WORKLOADS.len());
-        assert_eq!(o.allocators.len(), KNOWN.len());
+        assert_eq!(o.allocators.len(), KNOWN.len() - 1, "all but tlmalloc-rt");
+        assert!(o.allocators.iter().all(|k| k.name != "tlmalloc-rt"));
         assert_eq!(o.allocators[0].name, "tlmalloc");
         assert_eq!(o.cg_sizes, [16, 64, 256, 1024]);
         assert!(o.build && o.progress && !o.callgrind && !o.list && !o.report_only);
@@ -334,6 +339,9 @@ mod tests {
         assert_eq!(w, ["fixed", "loop"]);
         let a: Vec<&str> = o.allocators.iter().map(|a| a.name).collect();
         assert_eq!(a, ["tlmalloc", "glibc"], "tlmalloc first");
+        let rt = parse(&["--allocators", "tlmalloc-rt,tlmalloc"]).unwrap();
+        let a: Vec<&str> = rt.allocators.iter().map(|a| a.name).collect();
+        assert_eq!(a, ["tlmalloc", "tlmalloc-rt"], "opt-in by name");
         assert_eq!(o.threads, [1, 4, 8]);
         assert_eq!(o.runs, 7);
         assert_eq!(o.duration_ms, Some(1000));

@@ -299,7 +299,8 @@ fn workload_section(
 }
 
 /// The cases of a workload in the memory tables: one per process (the
-/// `free` line of `latency` comes from the `malloc` line's process), and
+/// `free` line of `latency` comes from the `malloc` line's process, and
+/// every line of `realtime` from one process), and
 /// for `loop` only its last size per thread count (one settle after all
 /// sizes: the same figure on every line).
 fn memory_cases(r: &Results, w: &crate::workloads::Workload) -> Vec<(usize, String, String)> {
@@ -318,6 +319,7 @@ fn memory_cases(r: &Results, w: &crate::workloads::Workload) -> Vec<(usize, Stri
     cases
         .into_iter()
         .filter(|c| c.1 != "op=free")
+        .filter(|c| w.name != "realtime" || c.1 == crate::workloads::REALTIME_MEMORY_CASE)
         .map(|(t, p)| {
             let label = case_label(t, &p);
             (t, p, label)

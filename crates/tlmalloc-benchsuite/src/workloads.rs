@@ -99,6 +99,13 @@ pub const METRICS: &[Metric] = &[
         divisor: 1.0,
     },
     Metric {
+        key: "rt_violations",
+        label: "realtime violations",
+        unit: "calls",
+        higher_is_better: false,
+        divisor: 1.0,
+    },
+    Metric {
         key: "threads_per_sec",
         label: "threads created",
         unit: "threads/s",
@@ -365,7 +372,20 @@ pub const WORKLOADS: &[Workload] = &[
         min_threads: 1,
         headline: &["time_s", "peak_rss_kib", "rss_after_free_kib"],
     },
+    Workload {
+        name: "realtime",
+        family: Family::Latency,
+        about: "a thread marked realtime (tlmalloc's `tl_prewarm` of its working set, then `tl_rt_thread(TL_RT_DEFER)`; `tl_rt_drain` between rounds) against an unmarked one, taking turns round by round while T interference threads replace blocks of 16 B–32 MiB and mmap/munmap 4 MiB, every page written: `xfree`, the free of a 64-byte block another thread allocated and a 64-byte malloc, each timed alone (rounds of 256; 500 000 of each, 50 000 with --quick); `large`, malloc and free of 160, 200 and 256 MiB blocks (above the recycle cache), every page written between (16 rounds, 4 with --quick: 48 and 12 samples); TSC, timer overhead subtracted; the marked thread's memory system calls inside the allocator (`tl_rt_violations`, 0 when the contract holds). Other allocators have no marked thread: their marked rows are empty.",
+        threaded: false,
+        min_threads: 1,
+        headline: &["p50_ns", "p99_ns", "p999_ns", "max_ns", "rt_violations"],
+    },
 ];
+
+/// The one case of `realtime` whose memory figures the memory tables show
+/// (every line of its process has the same ones; this one every allocator
+/// prints, marked thread or not).
+pub const REALTIME_MEMORY_CASE: &str = "scenario=xfree thread=unmarked op=malloc";
 
 /// The workload called `name`.
 pub fn find(name: &str) -> Option<&'static Workload> {
@@ -448,6 +468,12 @@ impl Workload {
                 "--entries".into(),
                 pick(2_000, 100_000, 2_000_000).to_string(),
             ]),
+            "realtime" => args.extend([
+                "--samples".into(),
+                pick(2_560, 50_000, 500_000).to_string(),
+                "--rounds".into(),
+                pick(1, 4, 16).to_string(),
+            ]),
             _ => {}
         }
         args.extend(["--settle-ms".into(), settle_ms(budget).to_string()]);
@@ -491,6 +517,7 @@ impl Workload {
                 "large-buffers" => pick_u64(budget, 30, 1_200, 12_000),
                 "fresh-tail" => pick_u64(budget, 10, 120, 120) * t.min(2),
                 "cpython" => pick_u64(budget, 150, 1_500, 25_000),
+                "realtime" => pick_u64(budget, 1_500, 4_500, 15_000),
                 _ => ms + 30,
             }
             + settle_ms(budget)
@@ -525,7 +552,7 @@ mod tests {
                 assert_eq!(metric(h).key, *h, "{h} is not in METRICS");
             }
         }
-        assert_eq!(WORKLOADS.len(), 16);
+        assert_eq!(WORKLOADS.len(), 17);
         assert!(find("nope").is_none());
     }
 
@@ -565,5 +592,22 @@ mod tests {
         assert!(b.windows(2).any(|w| w == ["--bytes", "268435456"]), "{b:?}");
         assert!(b.windows(2).any(|w| w == ["--idle-ms", "2500"]), "{b:?}");
         assert!(find("fixed").unwrap().missing().is_none());
+        // realtime: samples of the small scenario and rounds of the large
+        // one grow with the budget (the large blocks are 160–256 MiB each:
+        // few rounds, even in the full run).
+        let rt = find("realtime").unwrap();
+        let value = |args: &[String], flag: &str| -> u64 {
+            let at = args.iter().position(|a| a == flag).unwrap();
+            args[at + 1].parse().unwrap()
+        };
+        let mut last = (0, 0);
+        for b in [Budget::Smoke, Budget::Quick, Budget::Full] {
+            let args = rt.args(b, None);
+            let now = (value(&args, "--samples"), value(&args, "--rounds"));
+            assert!(now.0 > last.0 && now.1 > last.1, "{b:?}: {args:?}");
+            assert!(now.1 <= 16, "{b:?}: {args:?}");
+            last = now;
+        }
+        assert_eq!(value(&rt.args(Budget::Quick, None), "--rounds"), 4);
     }
 }

@@ -11,7 +11,7 @@
 //!                   [--blocks N] [--count N] [--lifetime N] [--sizes LIST]
 //!                   [--modes LIST] [--seed N] [--settle-ms MS] [--bytes SIZE]
 //!                   [--idle-ms MS] [--generations N] [--replacements N]
-//!                   [--entries N]
+//!                   [--entries N] [--rounds N]
 //! tlmalloc-workload probe          # which malloc is in use, and its version
 //! tlmalloc-workload pair SIZE ITERS  # callgrind loop (SIZE 0: the empty loop)
 //! ```
@@ -25,6 +25,7 @@
 //! option (`tlmalloc-workload help`, `tlmalloc-workload WORKLOAD --help`).
 
 mod memory;
+mod realtime;
 mod sys;
 mod workloads;
 
@@ -68,6 +69,8 @@ pub struct Params {
     pub replacements: u64,
     /// Dict entries (`cpython`).
     pub entries: u64,
+    /// Rounds of large blocks per measured thread (`realtime`).
+    pub rounds: u64,
 }
 
 impl Params {
@@ -201,6 +204,9 @@ enum Cmd {
     FreshTail(Opts),
     /// python3 (PYTHONMALLOC=malloc): a dict of --entries, to JSON and back, keys sorted
     Cpython(Opts),
+    /// malloc/free latency of a realtime-marked thread against an unmarked one (--samples,
+    /// --rounds)
+    Realtime(Opts),
     /// Print which malloc is in use, and its version
     Probe,
     /// The loop for valgrind --tool=callgrind: ITERS malloc+free pairs of SIZE bytes, no timing
@@ -229,7 +235,8 @@ struct Opts {
     /// Operations in all threads together (mixed)
     #[arg(long, value_name = "N", default_value = "10_000_000", value_parser = at_least::<1>)]
     ops: u64,
-    /// Samples per thread and per operation kind (latency; fresh-tail: mallocs per thread)
+    /// Samples per thread and per operation kind (latency, realtime; fresh-tail: mallocs per
+    /// thread)
     #[arg(long, value_name = "N", default_value = "1_000_000", value_parser = at_least::<1>)]
     samples: u64,
     /// Blocks of the first phase (fragmentation; at least 10)
@@ -270,6 +277,9 @@ struct Opts {
     /// Dict entries (cpython)
     #[arg(long, value_name = "N", default_value = "2_000_000", value_parser = at_least::<1>)]
     entries: u64,
+    /// Rounds of large blocks per measured thread (realtime; xfree takes --samples)
+    #[arg(long, value_name = "N", default_value_t = 32, value_parser = at_least::<1>)]
+    rounds: u64,
 }
 
 impl From<Opts> for Params {
@@ -291,6 +301,7 @@ impl From<Opts> for Params {
             generations: o.generations,
             replacements: o.replacements,
             entries: o.entries,
+            rounds: o.rounds,
         }
     }
 }
@@ -324,6 +335,7 @@ fn main() {
         Cmd::LargeBuffers(o) => (memory::large_buffers, o),
         Cmd::FreshTail(o) => (memory::fresh_tail, o),
         Cmd::Cpython(o) => (memory::cpython, o),
+        Cmd::Realtime(o) => (realtime::realtime, o),
     };
     // Which malloc this process really has: the driver checks it (a
     // preload the dynamic linker could not load is only a warning to it).
@@ -376,8 +388,8 @@ mod tests {
         assert_eq!(p.modes, ["server", "larson"]);
         assert_eq!((p.settle_ms, p.bytes, p.idle_ms), (500, 1 << 30, 5000));
         assert_eq!(
-            (p.generations, p.replacements, p.entries),
-            (250, 2000, 2_000_000)
+            (p.generations, p.replacements, p.entries, p.rounds),
+            (250, 2000, 2_000_000, 32)
         );
         let p = opts(&[
             "--threads",

@@ -15,8 +15,8 @@ use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::sys::{
-    alloc, dealloc, log_uniform_sizes, page_size, percentiles, reset_peak_rss, rss_kib,
-    rss_now_kib, run_threads, settle, ticks, touch, Blocks, Rng, Sampler, Timer, IDLE_TICK,
+    alloc, dealloc, log_uniform_sizes, percentiles, reset_peak_rss, rss_kib, rss_now_kib,
+    run_threads, settle, ticks, touch, touch_pages, Blocks, Rng, Sampler, Timer, IDLE_TICK,
 };
 use crate::workloads::mops;
 use crate::{emit, Params};
@@ -187,7 +187,6 @@ pub fn thread_recreate(p: &Params) {
     let base = rss_now_kib();
     let factors = log_uniform_sizes(p.seed ^ 0xFAC7, 100, 10_000, 1 << 12);
     let queue: Mutex<VecDeque<Obj>> = Mutex::new(VecDeque::with_capacity(QUEUE + threads + 1));
-    let page = page_size() as usize;
     reset_peak_rss();
     let start = Instant::now();
     let mut large = 0u64;
@@ -205,14 +204,7 @@ pub fn thread_recreate(p: &Params) {
                                 s *= factors[rng.below(factors.len() as u64) as usize] as usize;
                                 large += 1;
                                 let q = alloc(s);
-                                let mut off = 0;
-                                while off < s {
-                                    // SAFETY: `off < s`: inside the block.
-                                    touch(unsafe { q.add(off) }, k as u8);
-                                    off += page;
-                                }
-                                // SAFETY: the block's last byte.
-                                touch(unsafe { q.add(s - 1) }, 1);
+                                touch_pages(q, s, k as u8);
                                 push(queue, q);
                             } else {
                                 let q = alloc(s);

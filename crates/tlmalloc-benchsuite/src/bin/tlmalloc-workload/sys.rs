@@ -46,6 +46,21 @@ pub fn touch(p: *mut u8, value: u8) {
     unsafe { std::ptr::write_volatile(p, value) }
 }
 
+/// [`touch`] every page of a live block of `size` bytes, and its last
+/// byte: each page is faulted in, as a program that uses the whole block
+/// would.
+pub fn touch_pages(p: *mut u8, size: usize, value: u8) {
+    let page = page_size() as usize;
+    let mut off = 0;
+    while off < size {
+        // SAFETY: `off < size`: inside the block.
+        touch(unsafe { p.add(off) }, value);
+        off += page;
+    }
+    // SAFETY: the block's last byte (`size >= 1`).
+    touch(unsafe { p.add(size - 1) }, 1);
+}
+
 /// xorshift64*: small, fast, and the same sequence under every allocator.
 #[derive(Clone)]
 pub struct Rng(u64);
@@ -341,6 +356,21 @@ impl Sampler {
         if self.buf.len() < self.buf.capacity() {
             self.buf.push(raw_ticks.min(u32::MAX as u64) as u32);
         }
+    }
+
+    /// Fault the buffer's pages in (fill it, then empty it), so that
+    /// recording never takes a page fault between timed calls.
+    pub fn fault_in(&mut self) {
+        while self.buf.len() < self.buf.capacity() {
+            self.buf.push(1);
+        }
+        self.buf.clear();
+    }
+
+    /// Forget the samples so far (a warm-up's), keeping the buffer.
+    pub fn clear(&mut self) {
+        self.buf.clear();
+        self.count = 0;
     }
 
     pub fn into_samples(self) -> Vec<u32> {

@@ -1216,7 +1216,7 @@ pub fn pair(size: usize, iters: u64) {
 // ---------------------------------------------------------------- probe
 
 /// The address of a symbol in the process (or null).
-fn symbol(name: &std::ffi::CStr) -> *mut libc::c_void {
+pub fn symbol(name: &std::ffi::CStr) -> *mut libc::c_void {
     // SAFETY: dlsym with RTLD_DEFAULT and a valid C string.
     unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
 }
