@@ -11,6 +11,11 @@ fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,{SONAME}");
     // Never unloaded: blocks it handed out outlive any dlclose.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
+    // The C library, named here: the `libc` crate links it itself only
+    // without its `std` feature, and a workspace build that also compiles
+    // a std user of `libc` (the bench suite) unifies that feature on,
+    // which left the library with no NEEDED entry and `atexit` unresolved.
+    println!("cargo:rustc-link-lib=dylib=c");
     println!("cargo:rerun-if-changed=build.rs");
     link_soname_in_build_tree();
 }
