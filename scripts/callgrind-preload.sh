@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 size=${1:-64}
 n=${2:-200000}
 command -v valgrind >/dev/null || { echo "valgrind is not installed: scripts/install-bench-deps.sh" >&2; exit 2; }
-# TLMALLOC_LIB=path tests another build of the library.
+# TLMALLOC_LIB=path tests another build of the library (TLMALLOC_ONLY=1: it alone).
 lib=${TLMALLOC_LIB:-$PWD/target/release/libtlmalloc.so}
 [ -f "$lib" ] || cargo build --release -p tlmalloc-capi
 work=$(mktemp -d)
@@ -55,6 +55,8 @@ report() { # report NAME PRELOAD
 }
 multiarch=/usr/lib/x86_64-linux-gnu
 report "tlmalloc" "$lib"
+# TLMALLOC_ONLY=1: the library under test alone (scripts/secure-cost.sh).
+[ "${TLMALLOC_ONLY:-}" = 1 ] && exit 0
 report "glibc $(ldd --version | head -1 | awk '{print $NF}')" ""
 report "jemalloc" "$multiarch/libjemalloc.so.2"
 report "tcmalloc (minimal)" "$multiarch/libtcmalloc_minimal.so.4"

@@ -24,7 +24,7 @@ use crate::options::{self, Opt};
 use crate::os;
 use crate::rt_level;
 use crate::rt_pending;
-use crate::segment::{Segment, SegmentKind};
+use crate::segment::{Segment, SegmentKind, GUARD_OFFSET};
 use crate::segment_map::{self, CHUNK_FOREIGN, CHUNK_SEGMENT};
 use crate::sync::{AtomicBool, AtomicU32, Ordering};
 
@@ -252,6 +252,19 @@ pub unsafe fn move_mapping(from: *mut u8, old: usize, to: *mut u8, new: usize) -
 // Segments
 // ---------------------------------------------------------------------------
 
+/// With `secure`, make the OS page after the header of the freshly mapped
+/// `segment` inaccessible (`[guard-pages]`); the page stays so for the
+/// mapping's life (a cached segment keeps it). Nothing without `secure`.
+pub fn guard_metadata(segment: *mut Segment) {
+    if cfg!(feature = "secure") {
+        let guard = segment.cast::<u8>().wrapping_add(GUARD_OFFSET);
+        // SAFETY: a fresh mapping of ours at least a segment's header and
+        // guard long, and no block lies in the guard page (`METADATA_END`).
+        // If the OS refuses, the page is merely unguarded.
+        let _ = unsafe { os::protect_none(guard, OS_PAGE_SIZE) };
+    }
+}
+
 /// A standard 4 MiB segment of `kind` with no owner, its header written in
 /// place, or null when the OS refuses memory (or the cap is reached).
 #[cold]
@@ -263,7 +276,9 @@ pub fn segment_alloc(kind: SegmentKind) -> *mut Segment {
         if base.is_null() {
             return ptr::null_mut();
         }
-        (base.cast::<Segment>(), true, true)
+        let segment = base.cast::<Segment>();
+        guard_metadata(segment);
+        (segment, true, true)
     } else {
         // SAFETY: `[segment-cache]`: a cached segment keeps its header page.
         let (purged, zeroed) = unsafe { ((*cached).purged, (*cached).zeroed) };

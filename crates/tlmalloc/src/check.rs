@@ -84,7 +84,7 @@ fn free_list_len(page: &Page, head: *mut crate::page::Block) -> u32 {
         let at = block;
         valgrind::open_word(at.cast());
         // SAFETY: the block lies in the page's carved area (checked above).
-        block = unsafe { (*block).next };
+        block = crate::page::decode_link(unsafe { (*block).next }, page.link_key());
         valgrind::close_word(at.cast());
     }
     len

@@ -193,7 +193,7 @@ unsafe fn free_slow(segment: *mut Segment, p: *mut u8) {
         count_remote_free((*page).class as usize);
         // `[thread-free]`: the block is ours until the push publishes it;
         // after it, the segment is touched again only by its holder.
-        (*page).thread_free.push(p.cast());
+        (*page).thread_free.push(p.cast(), (*page).link_key());
         if holder {
             release_abandoned(segment);
         }

@@ -32,7 +32,7 @@ use crate::options::{self, Opt};
 use crate::os::valgrind;
 use crate::report;
 use crate::rt_level;
-use crate::segment::{Segment, SegmentKind, SEGMENT_HEADER_SIZE};
+use crate::segment::{Segment, SegmentKind, METADATA_END};
 use crate::segment_map::{self, CHUNK_FOREIGN, CHUNK_HEADER_BELOW, CHUNK_SEGMENT};
 use crate::size_class::{class_of_const, class_size_const};
 use crate::sync::{AtomicUsize, Ordering};
@@ -46,8 +46,7 @@ const fn round_up(n: usize, to: usize) -> Option<usize> {
 }
 
 /// Where a large block starts in its segment (alignment up to the OS page).
-pub const LARGE_BLOCK_OFFSET: usize =
-    (SEGMENT_HEADER_SIZE + OS_PAGE_SIZE - 1) & !(OS_PAGE_SIZE - 1);
+pub const LARGE_BLOCK_OFFSET: usize = (METADATA_END + OS_PAGE_SIZE - 1) & !(OS_PAGE_SIZE - 1);
 
 /// The usable size a large request of `size` bytes gets (None: impossible):
 /// its size class within the cache's range, else the next OS page.
@@ -75,7 +74,7 @@ pub fn large_map(usable: usize, align: usize) -> *mut Segment {
     } else {
         OS_PAGE_SIZE
     };
-    let Some(offset) = round_up(SEGMENT_HEADER_SIZE, block_align) else {
+    let Some(offset) = round_up(METADATA_END, block_align) else {
         return ptr::null_mut();
     };
     let Some(total) = offset.checked_add(usable) else {
@@ -94,6 +93,7 @@ pub fn large_map(usable: usize, align: usize) -> *mut Segment {
         let segment = base.cast::<Segment>();
         // SAFETY: `base` is a fresh (all zero) mapping of `map_size >= header` bytes.
         unsafe { Segment::init(segment, SegmentKind::Large, base, map_size, true) };
+        arena::guard_metadata(segment);
         segment_map::set_chunk(base, CHUNK_SEGMENT);
         counters::record_segment(true);
         segment
@@ -145,6 +145,7 @@ fn large_map_header_below(usable: usize, align: usize) -> *mut Segment {
             true,
         )
     };
+    arena::guard_metadata(segment);
     segment_map::set_chunk(header as *mut u8, CHUNK_SEGMENT);
     segment_map::set_chunk(block as *mut u8, CHUNK_HEADER_BELOW);
     counters::record_segment(true);

@@ -10,13 +10,71 @@
 //! program must not touch it: each read or write of a link is bracketed by
 //! `valgrind::open_word` / `close_word`, and a page's blocks are no-access
 //! from `init` until handed out.
+//!
+//! `[link-encoding]` (the `secure` feature): every link stored in a free
+//! block is encoded with its page's key (`Page::link_key`, random per page
+//! from a process secret), and every link read is decoded and, before a
+//! block is handed out, checked to be a block of the same page. A heap
+//! overflow that overwrites a free block's first word therefore cannot make
+//! `malloc` return an address of the attacker's choosing: the forged link
+//! decodes to garbage and the process stops with a one-line report.
+//! Without `secure` the key is 0 and encoding is the identity (no cost).
 
 use core::ptr;
 
 use crate::list::{Linked, Links};
-use crate::os::valgrind;
+use crate::os::{self, valgrind};
 use crate::poison;
-use crate::sync::{const_unless_loom, AtomicPtr, Ordering};
+use crate::sync::{const_unless_loom, AtomicPtr, AtomicUsize, Ordering};
+
+/// A link as a free block stores it: `next` encoded with the page's `key`
+/// (`[link-encoding]`); `next` itself without the `secure` feature.
+#[inline(always)]
+pub fn encode_link(next: *mut Block, key: usize) -> *mut Block {
+    if cfg!(feature = "secure") {
+        ((next as usize ^ key)
+            .rotate_left((key >> 58) as u32)
+            .wrapping_add(key)) as *mut Block
+    } else {
+        next
+    }
+}
+
+/// The link a free block stores, decoded with its page's `key`.
+#[inline(always)]
+pub fn decode_link(stored: *mut Block, key: usize) -> *mut Block {
+    if cfg!(feature = "secure") {
+        ((stored as usize)
+            .wrapping_sub(key)
+            .rotate_right((key >> 58) as u32)
+            ^ key) as *mut Block
+    } else {
+        stored
+    }
+}
+
+/// The process secret behind every page's key (0: not drawn yet).
+#[cfg(not(loom))]
+static LINK_SECRET: AtomicUsize = AtomicUsize::new(0);
+
+/// A fresh key for the page at `page` (`secure`; 0 otherwise): the process
+/// secret mixed with the page's address, odd so it is never 0.
+fn new_link_key(page: *const Page) -> usize {
+    if !cfg!(feature = "secure") || cfg!(loom) {
+        return 0;
+    }
+    #[cfg(not(loom))]
+    let mut secret = LINK_SECRET.load(Ordering::Relaxed);
+    #[cfg(loom)]
+    let mut secret = 0;
+    if secret == 0 {
+        // Racing threads may draw twice: each page keeps the key it got.
+        secret = os::random_word() as usize | 1;
+        #[cfg(not(loom))]
+        LINK_SECRET.store(secret, Ordering::Relaxed);
+    }
+    (secret ^ (page as usize).wrapping_mul(0x9e37_79b9_7f4a_7c15)).rotate_left(23) | 1
+}
 
 /// A free block. While free, its first word links to the next free block
 /// and its second holds the free key; these are the only "header" a block
@@ -67,13 +125,13 @@ impl ThreadFree {
     ///
     /// # Safety
     /// `block` is a block of this page, allocated and not yet freed, and the
-    /// caller gives up all access to it.
-    pub unsafe fn push(&self, block: *mut Block) {
+    /// caller gives up all access to it; `key` is the page's `link_key`.
+    pub unsafe fn push(&self, block: *mut Block, key: usize) {
         let mut head = self.0.load(Ordering::Relaxed);
         loop {
             valgrind::open_word(block.cast());
             // SAFETY: the caller owns `block` until the CAS below publishes it.
-            unsafe { (*block).next = head };
+            unsafe { (*block).next = encode_link(head, key) };
             valgrind::close_word(block.cast());
             match self
                 .0
@@ -101,6 +159,18 @@ impl ThreadFree {
     pub fn is_empty_hint(&self) -> bool {
         self.0.load(Ordering::Relaxed).is_null()
     }
+}
+
+/// `secure`: the free block at `block` holds a link that is no block of its
+/// page: overwritten (a heap overflow or a write after free). Stop.
+#[cold]
+#[inline(never)]
+fn link_corrupted(block: *mut Block) -> ! {
+    crate::report::misuse(
+        "malloc",
+        block.cast(),
+        "free-list link corrupted (heap overflow or write after free)",
+    )
 }
 
 /// `ceil(2^64 / block_size)` ([`Page::start_magic`]); 0 for no block size.
@@ -166,6 +236,9 @@ pub struct Page {
     /// Owner: links in the heap's queue of the page's class (slow paths
     /// only, so on the second cache line).
     pub links: Links<Page>,
+    /// Constant while in use: the key of the links its free blocks store
+    /// (`[link-encoding]`; 0 without `secure`). Read with [`Page::link_key`].
+    link_key: usize,
 }
 
 #[cfg(not(loom))]
@@ -194,6 +267,7 @@ impl Page {
                 area: ptr::null_mut(),
                 start_magic: 0,
                 links: Links::new(),
+                link_key: 0,
             }
         }
     }
@@ -213,7 +287,29 @@ impl Page {
         self.links = Links::new();
         self.area = valgrind::hide_pointer(area);
         self.start_magic = start_magic(block_size);
+        self.link_key = new_link_key(self);
         valgrind::make_mem_noaccess(area, reserved as usize * block_size);
+    }
+
+    /// The key its free blocks' links are encoded with (`[link-encoding]`):
+    /// a constant 0 without `secure`, so encoding folds away.
+    #[inline(always)]
+    pub fn link_key(&self) -> usize {
+        if cfg!(feature = "secure") {
+            self.link_key
+        } else {
+            0
+        }
+    }
+
+    /// `secure`: whether `next`, a link just decoded, is null or a block of
+    /// this page; a forged or overwritten link fails (`[link-encoding]`).
+    #[inline(always)]
+    fn link_ok(&self, next: *mut Block) -> bool {
+        next.is_null()
+            || ((next as usize).wrapping_sub(self.area() as usize)
+                < self.reserved as usize * self.block_size
+                && self.starts_block(next.cast()))
     }
 
     /// The first block (meaningless for a slot not in use).
@@ -262,7 +358,11 @@ impl Page {
                 valgrind::open_word(block.cast());
                 #[cfg(feature = "check")]
                 (*page).check_free_block(block);
-                (*page).free = (*block).next;
+                let next = decode_link((*block).next, (*page).link_key());
+                if cfg!(feature = "secure") && !(*page).link_ok(next) {
+                    link_corrupted(block);
+                }
+                (*page).free = next;
                 // `[block-key]`: a block in use carries no key.
                 (*block).key = 0;
                 valgrind::close_word(block.cast());
@@ -283,7 +383,7 @@ impl Page {
     #[inline(never)]
     unsafe fn check_free_block(&self, block: *mut Block) {
         // SAFETY: caller contract.
-        let next = unsafe { (*block).next };
+        let next = decode_link(unsafe { (*block).next }, self.link_key());
         let end = self.area() as usize + self.reserved as usize * self.block_size;
         if !next.is_null()
             && ((next as usize) < self.area() as usize
@@ -309,7 +409,7 @@ impl Page {
     pub unsafe fn push_local(&mut self, block: *mut Block) -> bool {
         valgrind::open_word(block.cast());
         // SAFETY: the caller hands the block back (contract); it is ours to link.
-        unsafe { (*block).next = self.local_free };
+        unsafe { (*block).next = encode_link(self.local_free, self.link_key()) };
         valgrind::close_word(block.cast());
         self.local_free = block;
         self.used -= 1;
@@ -326,18 +426,22 @@ impl Page {
         }
         self.local_free = ptr::null_mut();
         if !self.free.is_null() {
+            let key = self.link_key();
             let mut tail = head;
             // SAFETY: `[page-lists]`: `local_free` is a null-terminated list of
             // this page's free blocks, and `&mut self` makes them ours.
             unsafe {
                 valgrind::open_word(tail.cast());
-                while !(*tail).next.is_null() {
-                    let next = (*tail).next;
+                loop {
+                    let next = decode_link((*tail).next, key);
+                    if next.is_null() {
+                        break;
+                    }
                     valgrind::close_word(tail.cast());
                     tail = next;
                     valgrind::open_word(tail.cast());
                 }
-                (*tail).next = self.free;
+                (*tail).next = encode_link(self.free, key);
                 valgrind::close_word(tail.cast());
             }
         }
@@ -361,7 +465,7 @@ impl Page {
                 valgrind::open_word(at.cast());
                 // SAFETY: `[page-lists]`: null-terminated lists of this
                 // page's free blocks, the owner's (`&mut self`).
-                let next = unsafe { (*at).next };
+                let next = decode_link(unsafe { (*at).next }, self.link_key());
                 valgrind::close_word(at.cast());
                 at = next;
             }
@@ -375,20 +479,27 @@ impl Page {
         if head.is_null() {
             return 0;
         }
+        let key = self.link_key();
         let mut count = 1u32;
         let mut tail = head;
         // SAFETY: the swap in `take_all` (Acquire) made every pushed block's
         // link visible; the list is now ours alone and null-terminated.
         unsafe {
             valgrind::open_word(tail.cast());
-            while !(*tail).next.is_null() {
-                let next = (*tail).next;
+            loop {
+                let next = decode_link((*tail).next, key);
+                if next.is_null() {
+                    break;
+                }
+                if cfg!(feature = "secure") && !self.link_ok(next) {
+                    link_corrupted(tail);
+                }
                 valgrind::close_word(tail.cast());
                 tail = next;
                 valgrind::open_word(tail.cast());
                 count += 1;
             }
-            (*tail).next = self.free;
+            (*tail).next = encode_link(self.free, key);
             valgrind::close_word(tail.cast());
         }
         self.free = head;
@@ -410,17 +521,18 @@ impl Page {
         // SAFETY: `[page-lists]`: blocks `capacity .. capacity + step` lie
         // inside the area (`capacity + step <= reserved`) and were never handed out.
         unsafe {
+            let key = self.link_key();
             let first = self.area().add(self.capacity as usize * size);
             valgrind::make_mem_undefined(first, step as usize * size);
             let mut block = first;
             for _ in 1..step {
                 let next = block.add(size);
-                (*block.cast::<Block>()).next = next.cast();
+                (*block.cast::<Block>()).next = encode_link(next.cast(), key);
                 poison::fill_freed(block, size);
                 block = next;
             }
             poison::fill_freed(block, size);
-            (*block.cast::<Block>()).next = self.free;
+            (*block.cast::<Block>()).next = encode_link(self.free, key);
             self.free = first.cast();
             valgrind::make_mem_noaccess(first, step as usize * size);
         }

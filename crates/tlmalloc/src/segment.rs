@@ -150,6 +150,21 @@ pub struct Segment {
 /// Bytes at the start of a segment taken by its header.
 pub const SEGMENT_HEADER_SIZE: usize = core::mem::size_of::<Segment>();
 
+/// `[guard-pages]` (the `secure` feature): the OS page right after a
+/// segment's header is made inaccessible when the segment is mapped
+/// (`arena::guard_metadata`), so a write running backwards out of the first
+/// blocks, or a stray one forwards out of the header, stops at once instead
+/// of corrupting the page table of the segment. Its offset:
+pub const GUARD_OFFSET: usize = SEGMENT_HEADER_SIZE.next_multiple_of(OS_PAGE_SIZE);
+
+/// Where block memory may start in a segment: past the header and, with
+/// `secure`, past its guard page.
+pub const METADATA_END: usize = if cfg!(feature = "secure") {
+    GUARD_OFFSET + OS_PAGE_SIZE
+} else {
+    SEGMENT_HEADER_SIZE
+};
+
 #[cfg(not(loom))]
 const _: () = assert!(core::mem::offset_of!(Segment, pages) == 128);
 
@@ -276,7 +291,7 @@ impl Segment {
     /// length (slot 0 keeps the header's OS pages).
     pub fn slot_purge_range(&self, index: usize) -> (usize, usize) {
         let base = self as *const Segment as usize;
-        let first_area = (base + SEGMENT_HEADER_SIZE + OS_PAGE_SIZE - 1) & !(OS_PAGE_SIZE - 1);
+        let first_area = (base + METADATA_END + OS_PAGE_SIZE - 1) & !(OS_PAGE_SIZE - 1);
         let start = (base + (index << self.page_shift)).max(first_area);
         let end = base + ((index + 1) << self.page_shift);
         (start, end.saturating_sub(start))
@@ -389,7 +404,7 @@ impl Segment {
         let page_start = base + (index << shift);
         let page_end = page_start + (1usize << shift);
         let align = natural_alignment(block_size, POOL_ALIGN_MAX);
-        let first = page_start.max(base + SEGMENT_HEADER_SIZE);
+        let first = page_start.max(base + METADATA_END);
         let area = (first + align - 1) & !(align - 1);
         let count = page_end.saturating_sub(area) / block_size;
         (area as *mut u8, count as u32)

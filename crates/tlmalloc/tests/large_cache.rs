@@ -23,7 +23,7 @@ use common::{malloc, mib, OptRestore, Rng, KIB, MIB};
 use tlmalloc::config::{LARGE_CACHE_SIZE_MAX, OS_PAGE_SIZE, SEGMENT_CACHE_SLOTS, SEGMENT_SIZE};
 use tlmalloc::large_cache::LOCAL_SLOTS;
 use tlmalloc::options::{self, Opt};
-use tlmalloc::segment::SEGMENT_HEADER_SIZE;
+use tlmalloc::segment::METADATA_END;
 use tlmalloc::stats::{large_cache_stats, os_stats, LargeCacheStats, OsStats};
 
 // ---------------------------------------------------------------------------
@@ -515,8 +515,9 @@ const MODEL_CAP: usize = 256 * MIB;
 const MODEL_FLOOR: usize = 32 * MIB;
 /// Slots per size class of the shared level.
 const SHARED_SLOTS: usize = 4;
-/// Where a large block starts in its mapping: the header, page-rounded.
-const BLOCK_OFFSET: usize = SEGMENT_HEADER_SIZE.next_multiple_of(OS_PAGE_SIZE);
+/// Where a large block starts in its mapping: the header (and with
+/// `secure` its guard page), page-rounded.
+const BLOCK_OFFSET: usize = METADATA_END.next_multiple_of(OS_PAGE_SIZE);
 
 /// Where a block the model follows is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -154,6 +154,45 @@ pub unsafe fn move_mapping(from: *mut u8, old: usize, to: *mut u8, new: usize) -
     q != libc::MAP_FAILED
 }
 
+/// Make `[p, p + size)` inaccessible: a guard page (the `secure` feature).
+/// Returns false if the OS refused (the range then stays writable).
+///
+/// # Safety
+/// The range is mapped by us, page-aligned, and holds nothing anyone reads.
+pub unsafe fn protect_none(p: *mut u8, size: usize) -> bool {
+    // SAFETY: the caller guarantees the range is ours and unused.
+    unsafe { libc::mprotect(p.cast(), size, libc::PROT_NONE) == 0 }
+}
+
+/// 64 unpredictable bits (the `secure` feature's keys): the kernel's
+/// `getrandom` without blocking, or, when it refuses (early boot, seccomp),
+/// a mix of the clock, the stack and the code address (weaker, never fatal).
+pub fn random_word() -> u64 {
+    let mut word = 0u64;
+    // SAFETY: `word` is a valid 8-byte out-buffer.
+    let got = unsafe {
+        libc::syscall(
+            libc::SYS_getrandom,
+            (&mut word as *mut u64).cast::<c_void>(),
+            8usize,
+            libc::GRND_NONBLOCK,
+        )
+    };
+    if got == 8 {
+        return word;
+    }
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let stack = &ts as *const libc::timespec as u64;
+    (ts.tv_nsec as u64 ^ (ts.tv_sec as u64).rotate_left(32) ^ stack.rotate_left(17))
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ (random_word as *const () as u64)
+}
+
 /// Milliseconds on a monotonic clock (coarse: a few ms of resolution, and
 /// no system call through the vDSO).
 pub fn now_ms() -> u64 {
