@@ -8,7 +8,8 @@
 #      C/C++ conformance, real programs);
 #   3. the stress and alignment tests again with the internal invariant checkers
 #      on, and the sized-free, stats, heap, pool and allocator tests with checks
-#      and per-op counters on;
+#      on (and the slack canary), the per-class counter tests with per-op
+#      counters on, and the hardened build's tests (feature secure);
 #   4. the fault-injection tests: a share of the allocator's mmap, mremap and
 #      madvise calls fails, and every failure is survived;
 #   5. the core's tests in the debug profile (debug assertions, overflow checks);
@@ -23,6 +24,7 @@ echo "== rustfmt, clippy, rustdoc"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p tlmalloc --all-targets --features check,stats -- -D warnings
+cargo clippy -p tlmalloc --all-targets --features secure -- -D warnings
 cargo clippy -p tlmalloc --all-targets --features valgrind -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet
 
@@ -42,6 +44,9 @@ cargo test -p tlmalloc --release --features check,stats --test sized_free --test
 # Exact per-op counters per size class: without `check`, whose slack
 # canary pads every request (and so moves some of them up a class).
 cargo test -p tlmalloc --release --features stats --test stats --test user_heap
+
+echo "== hardened build (feature secure): forged links refused, guard pages, ordinary traffic"
+cargo test -p tlmalloc --release --features secure --test secure --test stress --test alignment --test misuse --test realloc_large --test user_heap
 
 echo "== every mmap, mremap and madvise failure survived (feature fault-injection)"
 cargo test -p tlmalloc --release --features fault-injection --test fault_injection --test fault_injection_global
