@@ -265,6 +265,31 @@ pub fn guard_metadata(segment: *mut Segment) {
     }
 }
 
+/// With `secure`, make the last OS page of the large `segment`'s mapping
+/// inaccessible (`[guard-pages]`, `LARGE_GUARD`); `on` false makes it memory
+/// again (before a standard segment goes back to the segment cache, or
+/// before its mapping is cut). Nothing without `secure`.
+///
+/// # Safety
+/// `segment` is a live large header held by the caller, whose block ends
+/// at or before the mapping's last page.
+pub unsafe fn guard_large_end(segment: *mut Segment, on: bool) {
+    if cfg!(feature = "secure") {
+        // SAFETY: caller contract: the header is live; its mapping is ours.
+        unsafe {
+            let end = (*segment).map_base as usize + (*segment).map_size;
+            let guard = (end - OS_PAGE_SIZE) as *mut u8;
+            // If the OS refuses, the page is merely unguarded (or, turning
+            // it off, stays a guard: `segment_free` then unmaps the segment).
+            let _ = if on {
+                os::protect_none(guard, OS_PAGE_SIZE)
+            } else {
+                os::protect_read_write(guard, OS_PAGE_SIZE)
+            };
+        }
+    }
+}
+
 /// A standard 4 MiB segment of `kind` with no owner, its header written in
 /// place, or null when the OS refuses memory (or the cap is reached).
 #[cold]

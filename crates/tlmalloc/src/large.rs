@@ -32,7 +32,7 @@ use crate::options::{self, Opt};
 use crate::os::valgrind;
 use crate::report;
 use crate::rt_level;
-use crate::segment::{Segment, SegmentKind, METADATA_END};
+use crate::segment::{Segment, SegmentKind, LARGE_GUARD, METADATA_END};
 use crate::segment_map::{self, CHUNK_FOREIGN, CHUNK_HEADER_BELOW, CHUNK_SEGMENT};
 use crate::size_class::{class_of_const, class_size_const};
 use crate::sync::{AtomicUsize, Ordering};
@@ -77,7 +77,10 @@ pub fn large_map(usable: usize, align: usize) -> *mut Segment {
     let Some(offset) = round_up(METADATA_END, block_align) else {
         return ptr::null_mut();
     };
-    let Some(total) = offset.checked_add(usable) else {
+    let Some(total) = offset
+        .checked_add(usable)
+        .and_then(|n| n.checked_add(LARGE_GUARD))
+    else {
         return ptr::null_mut();
     };
     let segment = if total <= SEGMENT_SIZE {
@@ -101,8 +104,12 @@ pub fn large_map(usable: usize, align: usize) -> *mut Segment {
     if segment.is_null() {
         return segment;
     }
-    // SAFETY: `segment` is a live large header whose mapping holds `offset + usable` bytes.
-    unsafe { install_block(segment, offset, usable) };
+    // SAFETY: `segment` is a live large header whose mapping holds
+    // `offset + usable` bytes, and a guard page past them with `secure`.
+    unsafe {
+        install_block(segment, offset, usable);
+        arena::guard_large_end(segment, true);
+    }
     segment
 }
 
@@ -110,7 +117,7 @@ pub fn large_map(usable: usize, align: usize) -> *mut Segment {
 /// header goes in the chunk just below, marked `CHUNK_HEADER_BELOW` at the block.
 fn large_map_header_below(usable: usize, align: usize) -> *mut Segment {
     let Some(map_size) = usable
-        .checked_add(SEGMENT_SIZE)
+        .checked_add(SEGMENT_SIZE + LARGE_GUARD)
         .and_then(|n| n.checked_add(align))
     else {
         return ptr::null_mut();
@@ -122,7 +129,7 @@ fn large_map_header_below(usable: usize, align: usize) -> *mut Segment {
     let block = (raw as usize + SEGMENT_SIZE + align - 1) & !(align - 1);
     let header = block - SEGMENT_SIZE;
     let head = header - raw as usize;
-    let tail = raw as usize + map_size - (block + usable);
+    let tail = raw as usize + map_size - (block + usable + LARGE_GUARD);
     // SAFETY: both trimmed ranges lie inside the fresh mapping and outside
     // `[header, block + usable)`, which we keep.
     unsafe {
@@ -130,7 +137,7 @@ fn large_map_header_below(usable: usize, align: usize) -> *mut Segment {
             arena::unmap(raw, head);
         }
         if tail > 0 {
-            arena::unmap((block + usable) as *mut u8, tail);
+            arena::unmap((block + usable + LARGE_GUARD) as *mut u8, tail);
         }
     }
     let segment = header as *mut Segment;
@@ -141,7 +148,7 @@ fn large_map_header_below(usable: usize, align: usize) -> *mut Segment {
             segment,
             SegmentKind::Large,
             header as *mut u8,
-            SEGMENT_SIZE + usable,
+            SEGMENT_SIZE + usable + LARGE_GUARD,
             true,
         )
     };
@@ -149,8 +156,12 @@ fn large_map_header_below(usable: usize, align: usize) -> *mut Segment {
     segment_map::set_chunk(header as *mut u8, CHUNK_SEGMENT);
     segment_map::set_chunk(block as *mut u8, CHUNK_HEADER_BELOW);
     counters::record_segment(true);
-    // SAFETY: as above; the block starts SEGMENT_SIZE into the mapping.
-    unsafe { install_block(segment, SEGMENT_SIZE, usable) };
+    // SAFETY: as above; the block starts SEGMENT_SIZE into the mapping,
+    // and with `secure` a guard page follows it.
+    unsafe {
+        install_block(segment, SEGMENT_SIZE, usable);
+        arena::guard_large_end(segment, true);
+    }
     segment
 }
 
@@ -272,6 +283,10 @@ pub unsafe fn large_release(segment: *mut Segment) {
             segment_map::set_chunk(block, CHUNK_FOREIGN);
         }
         page.used = 0;
+        // A standard segment may serve pages next: its end is memory again.
+        if (*segment).map_size == SEGMENT_SIZE {
+            arena::guard_large_end(segment, false);
+        }
         (*segment).release_page(0);
         arena::segment_free(segment);
     }
@@ -291,7 +306,10 @@ pub unsafe fn large_grow(segment: *mut Segment, usable: usize) -> *mut Segment {
         if (*segment).map_base != segment.cast() || offset >= SEGMENT_SIZE {
             return ptr::null_mut(); // header-below blocks are not moved
         }
-        let Some(total) = offset.checked_add(usable) else {
+        let Some(total) = usable
+            .checked_add(LARGE_GUARD)
+            .and_then(|n| n.checked_add(offset))
+        else {
             return ptr::null_mut();
         };
         let Some(new_size) = round_up(total, OS_PAGE_SIZE) else {
@@ -304,6 +322,11 @@ pub unsafe fn large_grow(segment: *mut Segment, usable: usize) -> *mut Segment {
         }
         if rt_level::defers() {
             return ptr::null_mut(); // `mremap` enters the kernel: copy instead
+        }
+        if cfg!(feature = "secure") {
+            // The guard pages split the mapping, and `mremap` cannot span
+            // the pieces: the caller copies instead.
+            return ptr::null_mut();
         }
         if arena::grow_in_place(segment.cast(), old_size, new_size) {
             (*segment).map_size = new_size;
@@ -515,10 +538,12 @@ unsafe fn give_back_excess(segment: *mut Segment, p: *mut u8, usable: usize, sla
         let offset = p as usize - segment as usize;
         let need = round_up(offset + usable, OS_PAGE_SIZE).unwrap_or(usize::MAX);
         let map_size = (*segment).map_size;
-        let keep = need.max(SEGMENT_SIZE);
+        // (With `secure`, the mapping's last page stays a guard.)
+        let keep = need.saturating_add(LARGE_GUARD).max(SEGMENT_SIZE);
         if map_size > keep && map_size - keep > slack && (*segment).map_base == segment.cast() {
             arena::unmap(segment.cast::<u8>().add(keep), map_size - keep);
             (*segment).map_size = keep;
+            arena::guard_large_end(segment, true);
         }
         let touched_end = offset + (*segment).large_touched;
         if touched_end > need + slack && need < (*segment).map_size {

@@ -165,6 +165,16 @@ pub const METADATA_END: usize = if cfg!(feature = "secure") {
     SEGMENT_HEADER_SIZE
 };
 
+/// `[guard-pages]`: with `secure`, the last OS page of every large
+/// segment's mapping is a guard too (`arena::guard_large_end`), so an
+/// overflow past a large block faults before it reaches another mapping.
+/// The bytes it takes from the mapping's end:
+pub const LARGE_GUARD: usize = if cfg!(feature = "secure") {
+    OS_PAGE_SIZE
+} else {
+    0
+};
+
 #[cfg(not(loom))]
 const _: () = assert!(core::mem::offset_of!(Segment, pages) == 128);
 
@@ -325,7 +335,7 @@ impl Segment {
     /// Bytes the block of a large segment may grow to without moving: up
     /// to the end of its mapping.
     pub fn large_capacity(&self) -> usize {
-        self.map_base as usize + self.map_size - self.pages[0].area() as usize
+        self.map_base as usize + self.map_size - LARGE_GUARD - self.pages[0].area() as usize
     }
 
     /// Give page slot `index` back to the segment (its memory stays resident

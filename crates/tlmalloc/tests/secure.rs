@@ -186,3 +186,71 @@ fn mixed_traffic_works() {
         unsafe { tlmalloc::free(p as *mut u8) };
     }
 }
+
+/// The last page of a large block's mapping is a guard: a write running
+/// past the block faults there. A block of its own mapping (above 4 MiB,
+/// or aligned to 4 MiB with its header in the chunk below) ends right at
+/// the guard; one inside a standard 4 MiB segment (`large-standard`) runs
+/// through the rest of its segment first, which nothing else uses.
+#[test]
+fn the_page_after_a_large_block_is_a_guard() {
+    for (case, size, align) in [
+        ("large-fresh", 10 << 20, 16usize),
+        ("large-standard", 1 << 20, 16),
+        ("large-aligned", 6 << 20, 4 << 20),
+    ] {
+        if std::env::var(CASE_VAR).as_deref() == Ok(case) {
+            let p = tlmalloc::malloc_aligned(size, align);
+            assert!(!p.is_null());
+            // SAFETY: the block's own bytes, then deliberately one page past
+            // its usable end.
+            unsafe {
+                let usable = tlmalloc::usable_size(p);
+                p.write_bytes(1, usable);
+                let mut end = (p as usize + usable).next_multiple_of(4096);
+                if case == "large-standard" {
+                    // The last page of the block's 4 MiB segment.
+                    end = (p as usize | ((4 << 20) - 1)) + 1 - 4096;
+                }
+                (end as *mut u8).write_volatile(1);
+            }
+            unreachable!("{case}: the page after the large block was writable");
+        }
+        let out = common::run_child("the_page_after_a_large_block_is_a_guard", CASE_VAR, case);
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGSEGV),
+            "{case}: stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Large blocks still grow, shrink and recycle (copying where the guard
+/// pages keep `mremap` from moving them), contents intact.
+#[test]
+fn large_blocks_grow_shrink_and_recycle() {
+    let mut p = tlmalloc::malloc(200_000);
+    // SAFETY: live blocks of at least the sizes written.
+    unsafe {
+        p.write_bytes(7, 200_000);
+        for size in [3 << 20, 9 << 20, 40 << 20, 1 << 20, 300_000, 70 << 20] {
+            let q = tlmalloc::realloc(p, size);
+            assert!(!q.is_null());
+            assert_eq!(*q, 7);
+            assert_eq!(*q.add(199_999.min(size - 1)), 7);
+            q.write_bytes(7, size);
+            p = q;
+        }
+        tlmalloc::free(p);
+    }
+    for round in 0..50usize {
+        let size = (1 + round % 7) << 20;
+        let b = tlmalloc::malloc(size);
+        // SAFETY: a fresh block of `size` bytes.
+        unsafe {
+            b.write_bytes(round as u8, size);
+            tlmalloc::free(b);
+        }
+    }
+}

@@ -164,6 +164,16 @@ pub unsafe fn protect_none(p: *mut u8, size: usize) -> bool {
     unsafe { libc::mprotect(p.cast(), size, libc::PROT_NONE) == 0 }
 }
 
+/// Make `[p, p + size)` readable and writable again (a guard page that
+/// becomes memory again). Returns false if the OS refused.
+///
+/// # Safety
+/// The range is mapped by us and page-aligned.
+pub unsafe fn protect_read_write(p: *mut u8, size: usize) -> bool {
+    // SAFETY: the caller guarantees the range is ours.
+    unsafe { libc::mprotect(p.cast(), size, libc::PROT_READ | libc::PROT_WRITE) == 0 }
+}
+
 /// 64 unpredictable bits (the `secure` feature's keys): the kernel's
 /// `getrandom` without blocking, or, when it refuses (early boot, seccomp),
 /// a mix of the clock, the stack and the code address (weaker, never fatal).
