@@ -221,6 +221,10 @@ fn alloc_slow(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
     unsafe { Page::pop(page) }.cast()
 }
 
+/// The fewest blocks a page is carved to once its owner refills it from
+/// its own frees (`refill_from_local_frees`).
+const REFILL_CYCLE: u32 = 16;
+
 /// Refill the current `page` of `class` from the blocks its owner freed,
 /// and pop one.
 ///
@@ -232,6 +236,13 @@ unsafe fn refill_from_local_frees(heap: &ThreadHeap, page: *mut Page, class: usi
     // SAFETY: caller contract.
     unsafe {
         (*page).collect_local();
+        // A page of few large blocks (2 KiB and up) refills from a short
+        // list: an alloc/free loop would come here every second or third
+        // call. Carving more of it lengthens the cycle to `REFILL_CYCLE`
+        // blocks, at one touched OS page per block at most.
+        if (*page).capacity < REFILL_CYCLE && (*page).capacity < (*page).reserved {
+            (*page).extend(PAGE_EXTEND_BYTES);
+        }
         let block = Page::pop(page);
         heap.counters.class_allocs[class].bump();
         if heap.kind() != HeapKind::Process {
