@@ -8,7 +8,8 @@ use core::ptr;
 use crate::abandoned::ABANDONED;
 use crate::arena;
 use crate::config::{
-    DIRECT_SIZE_MAX, MEDIUM_SIZE_MAX, PAGE_EXTEND_BYTES, PAGE_SCAN_MAX, POOL_ALIGN_MAX,
+    DIRECT_SIZE_MAX, MEDIUM_SIZE_MAX, OS_PAGE_SIZE, PAGE_EXTEND_BYTES, PAGE_SCAN_MAX,
+    POOL_ALIGN_MAX,
 };
 use crate::counters;
 use crate::handover;
@@ -236,11 +237,16 @@ unsafe fn refill_from_local_frees(heap: &ThreadHeap, page: *mut Page, class: usi
     // SAFETY: caller contract.
     unsafe {
         (*page).collect_local();
-        // A page of few large blocks (2 KiB and up) refills from a short
-        // list: an alloc/free loop would come here every second or third
-        // call. Carving more of it lengthens the cycle to `REFILL_CYCLE`
+        // A page carved short refills from a short list: its first extend
+        // is one OS page (`find_page`), and a page of few large blocks
+        // (2 KiB and up) holds only a few per extend, so an alloc/free loop
+        // would come back here every few calls. A page in such use is
+        // carved further, to at least `PAGE_EXTEND_BYTES` and `REFILL_CYCLE`
         // blocks, at one touched OS page per block at most.
-        if (*page).capacity < REFILL_CYCLE && (*page).capacity < (*page).reserved {
+        let carved = (*page).capacity;
+        if carved < (*page).reserved
+            && (carved < REFILL_CYCLE || carved as usize * (*page).block_size < PAGE_EXTEND_BYTES)
+        {
             (*page).extend(PAGE_EXTEND_BYTES);
         }
         let block = Page::pop(page);
@@ -276,7 +282,9 @@ fn find_page(heap: &ThreadHeap, state: &mut HeapState, class: usize) -> *mut Pag
         // SAFETY: a fresh page of this heap, not queued yet.
         unsafe {
             state.queue_push_front(page);
-            (*page).extend(PAGE_EXTEND_BYTES);
+            // One OS page first: a class a program uses a few times costs
+            // it 4 KiB, not 16 (later extends, on the slow path, take 16).
+            (*page).extend(OS_PAGE_SIZE);
         }
     }
     page
