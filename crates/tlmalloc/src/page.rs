@@ -58,22 +58,25 @@ pub fn decode_link(stored: *mut Block, key: usize) -> *mut Block {
 static LINK_SECRET: AtomicUsize = AtomicUsize::new(0);
 
 /// A fresh key for the page at `page` (`secure`; 0 otherwise): the process
-/// secret mixed with the page's address, odd so it is never 0.
+/// secret mixed with the page's address, odd so it is never 0. (The loom
+/// build has no OS layer: its pages are keyed 0.)
+#[cfg(not(loom))]
 fn new_link_key(page: *const Page) -> usize {
-    if !cfg!(feature = "secure") || cfg!(loom) {
+    if !cfg!(feature = "secure") {
         return 0;
     }
-    #[cfg(not(loom))]
     let mut secret = LINK_SECRET.load(Ordering::Relaxed);
-    #[cfg(loom)]
-    let mut secret = 0;
     if secret == 0 {
         // Racing threads may draw twice: each page keeps the key it got.
         secret = os::random_word() as usize | 1;
-        #[cfg(not(loom))]
         LINK_SECRET.store(secret, Ordering::Relaxed);
     }
     (secret ^ (page as usize).wrapping_mul(0x9e37_79b9_7f4a_7c15)).rotate_left(23) | 1
+}
+
+#[cfg(loom)]
+fn new_link_key(_page: *const Page) -> usize {
+    0
 }
 
 /// A free block. While free, its first word links to the next free block
@@ -166,11 +169,14 @@ impl ThreadFree {
 #[cold]
 #[inline(never)]
 fn link_corrupted(block: *mut Block) -> ! {
+    #[cfg(not(loom))]
     crate::report::misuse(
         "malloc",
         block.cast(),
         "free-list link corrupted (heap overflow or write after free)",
-    )
+    );
+    #[cfg(loom)]
+    panic!("free-list link corrupted at {block:p}");
 }
 
 /// `ceil(2^64 / block_size)` ([`Page::start_magic`]); 0 for no block size.

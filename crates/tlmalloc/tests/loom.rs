@@ -115,7 +115,11 @@ fn remote_frees_race_owner_collect() {
                     let page = page;
                     // SAFETY: a live block of the page, freed once; only the
                     // atomic `thread_free` is touched from this thread.
-                    unsafe { (*page.0).thread_free.push(b as *mut Block) };
+                    unsafe {
+                        (*page.0)
+                            .thread_free
+                            .push(b as *mut Block, (*page.0).link_key())
+                    };
                 })
             })
             .collect();
@@ -163,7 +167,11 @@ fn thread_exit_races_remote_free_and_adoption() {
                 // (The model's blocks live outside the segment, so the page is
                 // named directly instead of found by address arithmetic.)
                 // SAFETY: a live block of page 0, freed once.
-                unsafe { s.pages[0].thread_free.push(b as *mut Block) };
+                unsafe {
+                    s.pages[0]
+                        .thread_free
+                        .push(b as *mut Block, s.pages[0].link_key())
+                };
             })
         };
 
@@ -244,7 +252,11 @@ fn free_into_abandoned(
     let holder = unsafe { abandoned.count_free(s) };
     mapping.with(|_| ());
     // SAFETY: a live block of page 0, freed once.
-    unsafe { (*s).pages[0].thread_free.push(block as *mut Block) };
+    unsafe {
+        (*s).pages[0]
+            .thread_free
+            .push(block as *mut Block, (*s).pages[0].link_key())
+    };
     if !holder {
         return false; // the segment is not ours to touch any more
     }
