@@ -218,8 +218,17 @@ fn alloc_slow(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
         return out_of_memory();
     }
     h.counters.class_allocs[class].bump();
-    // SAFETY: `find_page` returns a queued page with a free block.
-    unsafe { Page::pop(page) }.cast()
+    // SAFETY: `find_page` returns a queued page of this heap with a free
+    // block, or an `untouched` one whose next block is to be handed out
+    // unwritten (`[untouched]`).
+    unsafe {
+        let block = Page::pop(page);
+        if block.is_null() {
+            (*page).take_untouched().cast()
+        } else {
+            block.cast()
+        }
+    }
 }
 
 /// The fewest blocks a page is carved to once its owner refills it from
@@ -237,6 +246,9 @@ unsafe fn refill_from_local_frees(heap: &ThreadHeap, page: *mut Page, class: usi
     // SAFETY: caller contract.
     unsafe {
         (*page).collect_local();
+        if (*page).untouched {
+            end_untouched(page);
+        }
         // A page carved short refills from a short list: its first extend
         // is one OS page (`find_page`), and a page of few large blocks
         // (2 KiB and up) holds only a few per extend, so an alloc/free loop
@@ -259,8 +271,25 @@ unsafe fn refill_from_local_frees(heap: &ThreadHeap, page: *mut Page, class: usi
     }
 }
 
-/// A page of `class` with a free block, at the front of its queue, or null
-/// when the OS has no memory.
+/// The owner's frees refill the `untouched` current `page` (`[untouched]`):
+/// from now on it is refilled 16 KiB at a time, so that a malloc/free
+/// loop keeps that many blocks in circulation and stays on the fast path,
+/// instead of the one block (or one OS page) the untouched refills give.
+///
+/// # Safety
+/// `page` is a page in use of a heap the calling thread owns.
+#[cold]
+#[inline(never)]
+unsafe fn end_untouched(page: *mut Page) {
+    // SAFETY: caller contract.
+    unsafe {
+        (*page).untouched = false;
+        (*page).extend(PAGE_EXTEND_BYTES);
+    }
+}
+
+/// A page of `class` with a free block (or, `[untouched]`, a block to hand
+/// out unwritten), at the front of its queue, or null when the OS has no memory.
 #[inline(never)]
 fn find_page(heap: &ThreadHeap, state: &mut HeapState, class: usize) -> *mut Page {
     if let Some(page) = scan_queue(state, class) {
@@ -341,7 +370,7 @@ fn fresh_page(heap: &ThreadHeap, state: &mut HeapState, class: usize) -> *mut Pa
     }
     // SAFETY: `[segment-lists]`: a segment on our avail list is ours and has a free slot.
     unsafe {
-        let Some(index) = (*segment).claim_page() else {
+        let Some((index, untouched)) = (*segment).claim_page() else {
             report::broken("a segment on an avail list has no free page");
         };
         counters::record_page(1usize << (*segment).page_shift, true);
@@ -350,6 +379,7 @@ fn fresh_page(heap: &ThreadHeap, state: &mut HeapState, class: usize) -> *mut Pa
         let (area, reserved) = Segment::page_area(segment, index, block_size);
         let page = &mut (*segment).pages[index];
         page.init(area, block_size, reserved, class as u8);
+        page.untouched = untouched;
         page
     }
 }

@@ -22,6 +22,7 @@
 
 use core::ptr;
 
+use crate::config::OS_PAGE_SIZE;
 use crate::list::{Linked, Links};
 use crate::os::{self, valgrind};
 use crate::poison;
@@ -201,6 +202,15 @@ const fn start_magic(block_size: usize) -> u64 {
 ///   free blocks of this page, each block on at most one list, its first
 ///   word the link; `capacity <= reserved`; blocks `capacity..reserved` of
 ///   the area are untouched.
+/// - `[untouched]`: while `untouched`, blocks `capacity..reserved` are zero
+///   bytes the OS has not faulted in. A refill then threads only blocks
+///   whose link and key lie in OS pages already touched (those holding a
+///   block handed out before), and hands the first block of a new OS page
+///   out directly ([`Page::take_untouched`]), unwritten: its page fault is
+///   the program's first write, not `malloc`'s (a zero block carries no
+///   `[block-key]`). A current page that its owner's frees refill leaves
+///   the mode (`alloc::end_untouched`): a malloc/free loop then keeps 16 KiB
+///   of blocks in circulation, as on any other page.
 /// - `[page-owner]`: `thread_free` is shared (atomic); every other field is
 ///   written only by the holder of the page's segment (its owning heap, or
 ///   whoever took it off the abandoned list), and is constant while the
@@ -225,7 +235,10 @@ pub struct Page {
     pub in_use: bool,
     /// Owner: the page is linked in its heap's queue for its class.
     pub queued: bool,
-    _pad: u8,
+    /// Owner: blocks `capacity..reserved` read as zero and were never
+    /// touched (a slot of a fresh segment, first use), so refills leave
+    /// each new OS page for the program to fault in (`[untouched]`).
+    pub untouched: bool,
     /// Constant while in use: bytes per block (the usable size).
     pub block_size: usize,
     /// Shared: blocks freed by other threads.
@@ -267,7 +280,7 @@ impl Page {
                 class: 0,
                 in_use: false,
                 queued: false,
-                _pad: 0,
+                untouched: false,
                 block_size: 0,
                 thread_free: ThreadFree::new(),
                 area: ptr::null_mut(),
@@ -289,6 +302,7 @@ impl Page {
         self.class = class;
         self.in_use = true;
         self.queued = false;
+        self.untouched = false;
         self.block_size = block_size;
         self.links = Links::new();
         self.area = valgrind::hide_pointer(area);
@@ -345,6 +359,7 @@ impl Page {
         self.capacity = 0;
         self.reserved = 0;
         self.in_use = false;
+        self.untouched = false;
     }
 
     /// Owner: take a block from `free`, or null if it is empty. Takes a raw
@@ -515,6 +530,9 @@ impl Page {
 
     /// Owner: thread more never-used blocks onto `free` (an OS page or a few
     /// at a time). Returns false if the page has no untouched blocks left.
+    /// An `untouched` page may return true with `free` still empty: its next
+    /// block starts an OS page not faulted in yet, and is to be handed out
+    /// with [`Page::take_untouched`] (`[untouched]`).
     #[inline(never)]
     pub fn extend(&mut self, extend_bytes: usize) -> bool {
         let remaining = self.reserved - self.capacity;
@@ -522,7 +540,13 @@ impl Page {
             return false;
         }
         // No panic: a page in use has `block_size >= 16`, its class's size.
-        let step = (extend_bytes / self.block_size).clamp(1, remaining as usize) as u32;
+        let mut step = (extend_bytes / self.block_size).clamp(1, remaining as usize) as u32;
+        if self.untouched {
+            match self.touched_blocks() {
+                0 => return true,
+                n => step = step.min(n),
+            }
+        }
         let size = self.block_size;
         // SAFETY: `[page-lists]`: blocks `capacity .. capacity + step` lie
         // inside the area (`capacity + step <= reserved`) and were never handed out.
@@ -544,6 +568,46 @@ impl Page {
         }
         self.capacity += step;
         true
+    }
+
+    /// `[untouched]`: how many blocks from `capacity` on have their link
+    /// and key (the words a refill writes) in OS pages already touched: up
+    /// to the end of the OS page holding the last block handed out or
+    /// threaded (none at `capacity == 0`).
+    fn touched_blocks(&self) -> u32 {
+        if self.capacity == 0 {
+            return 0;
+        }
+        let size = self.block_size;
+        let area = self.area() as usize;
+        let last = area + (self.capacity as usize - 1) * size;
+        let touched_end = (last & !(OS_PAGE_SIZE - 1)) + OS_PAGE_SIZE;
+        let next = last + size;
+        let words = core::mem::size_of::<Block>();
+        if next + words > touched_end {
+            return 0;
+        }
+        let fit = (touched_end - words - next) / size + 1;
+        fit.min((self.reserved - self.capacity) as usize) as u32
+    }
+
+    /// Owner, `[untouched]`: hand out the next never-used block directly,
+    /// without writing to it (it reads as zero: no link, no key), or null
+    /// when the page is not `untouched` or has none left. The caller counts
+    /// it as [`Page::pop`]'s callers do.
+    #[cold]
+    #[inline(never)]
+    pub fn take_untouched(&mut self) -> *mut Block {
+        if !self.untouched || self.capacity == self.reserved {
+            return ptr::null_mut();
+        }
+        // `[page-accounting]`: `capacity` and `used` grow together.
+        let block = self
+            .area()
+            .wrapping_add(self.capacity as usize * self.block_size);
+        self.capacity += 1;
+        self.used += 1;
+        block.cast()
     }
 
     /// Whether the page can hand out a block without collecting remote

@@ -279,14 +279,18 @@ impl Segment {
         self.owner.store(heap, Ordering::Release);
     }
 
-    /// Claim the lowest unused page slot, or `None` when all are in use.
-    /// A slot that had been purged counts as committed again.
-    pub fn claim_page(&mut self) -> Option<usize> {
+    /// Claim the lowest unused page slot, or `None` when all are in use;
+    /// with it, whether its memory is untouched zero bytes (a fresh segment's
+    /// slot never used: neither dirty nor purged since `init`; a purged
+    /// slot may have been purged lazily and keep its bytes). A slot that
+    /// had been purged counts as committed again.
+    pub fn claim_page(&mut self) -> Option<(usize, bool)> {
         if self.free_mask == 0 {
             return None;
         }
         let index = self.free_mask.trailing_zeros() as usize;
         let bit = 1u64 << index;
+        let untouched = self.zeroed && (self.dirty_mask | self.purged_mask) & bit == 0;
         self.free_mask &= !bit;
         self.dirty_mask &= !bit;
         self.used_pages += 1;
@@ -294,7 +298,7 @@ impl Segment {
             self.purged_mask &= !bit;
             counters::record_recommit(self.slot_purge_range(index).1);
         }
-        Some(index)
+        Some((index, untouched))
     }
 
     /// The bytes of page slot `index` a purge gives back: its start and
