@@ -19,7 +19,6 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
-use std::time::Instant;
 
 /// extensions.c (or extensions.cpp), linked against the library under
 /// test's directory; the library itself is chosen at run time.
@@ -50,7 +49,7 @@ fn run_with(lib_dir: &Path, exe: &Path, args: &[&str]) -> Output {
 
 /// libtlmalloc.so built with the `stats` and `check` features, into a
 /// target directory of its own (under this test's CARGO_TARGET_TMPDIR), in
-/// the profile of the library under test. `TLTEST_STATS_CHECK_LIB` names
+/// this test binary's profile. `TLTEST_STATS_CHECK_LIB` names
 /// a ready one instead.
 fn stats_check_library() -> &'static Path {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
@@ -58,29 +57,8 @@ fn stats_check_library() -> &'static Path {
         if let Some(path) = env::var_os("TLTEST_STATS_CHECK_LIB") {
             return PathBuf::from(path);
         }
-        let release = lib_dir().file_name().and_then(|n| n.to_str()) != Some("debug");
         let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("stats-check-build");
-        let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.arg("build")
-            .arg("--manifest-path")
-            .arg(workspace_root().join("Cargo.toml"))
-            .args(["-p", "tlmalloc-capi", "--features", "stats,check"])
-            .arg("--target-dir")
-            .arg(&target);
-        if release {
-            cmd.arg("--release");
-        }
-        let started = Instant::now();
-        let out = cmd.output().expect("run cargo");
-        assert_success("cargo build -p tlmalloc-capi --features stats,check", &out);
-        eprintln!(
-            "[build] libtlmalloc.so (stats, check) up to date in {:.1?}",
-            started.elapsed()
-        );
-        let lib = target
-            .join(if release { "release" } else { "debug" })
-            .join("libtlmalloc.so");
+        let lib = build_library_into(Some("stats,check"), &target);
         assert!(lib.is_file(), "{} was not built", lib.display());
         lib
     })

@@ -246,15 +246,16 @@ unsafe fn refill_from_local_frees(heap: &ThreadHeap, page: *mut Page, class: usi
     // SAFETY: caller contract.
     unsafe {
         (*page).collect_local();
-        if (*page).untouched {
-            end_untouched(page);
-        }
+        // `[untouched]`: the owner's frees refill the page, so from now on
+        // it is carved as any other page.
+        (*page).untouched = false;
         // A page carved short refills from a short list: its first extend
-        // is one OS page (`find_page`), and a page of few large blocks
-        // (2 KiB and up) holds only a few per extend, so an alloc/free loop
-        // would come back here every few calls. A page in such use is
-        // carved further, to at least `PAGE_EXTEND_BYTES` and `REFILL_CYCLE`
-        // blocks, at one touched OS page per block at most.
+        // is one OS page (`find_page`; an untouched page hands out one block
+        // per OS page), and a page of few large blocks (2 KiB and up) holds
+        // only a few per extend, so an alloc/free loop would come back here
+        // every few calls. A page in such use is carved further, to at
+        // least `PAGE_EXTEND_BYTES` and `REFILL_CYCLE` blocks, at one touched
+        // OS page per block at most.
         let carved = (*page).capacity;
         if carved < (*page).reserved
             && (carved < REFILL_CYCLE || carved as usize * (*page).block_size < PAGE_EXTEND_BYTES)
@@ -268,23 +269,6 @@ unsafe fn refill_from_local_frees(heap: &ThreadHeap, page: *mut Page, class: usi
             heap.tick_purge();
         }
         block.cast()
-    }
-}
-
-/// The owner's frees refill the `untouched` current `page` (`[untouched]`):
-/// from now on it is refilled 16 KiB at a time, so that a malloc/free
-/// loop keeps that many blocks in circulation and stays on the fast path,
-/// instead of the one block (or one OS page) the untouched refills give.
-///
-/// # Safety
-/// `page` is a page in use of a heap the calling thread owns.
-#[cold]
-#[inline(never)]
-unsafe fn end_untouched(page: *mut Page) {
-    // SAFETY: caller contract.
-    unsafe {
-        (*page).untouched = false;
-        (*page).extend(PAGE_EXTEND_BYTES);
     }
 }
 

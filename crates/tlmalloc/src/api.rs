@@ -116,18 +116,19 @@ unsafe impl GlobalAlloc for TlMalloc {
 /// The usable size a request of `n` bytes gets (the block size it is
 /// served with), or `usize::MAX` when no block that large can exist.
 pub fn good_size(n: usize) -> usize {
-    match block_for(poison::padded(n)) {
+    match expected_usable(n, 1) {
         usize::MAX => usize::MAX,
         block => block - poison::SLACK_PAD,
     }
 }
 
-/// The block size the paths below serve a request of `n` bytes with.
-fn block_for(n: usize) -> usize {
-    if n <= MEDIUM_SIZE_MAX {
-        class_size(class_of(n))
-    } else {
-        large::large_usable(n).unwrap_or(usize::MAX)
+/// The block size the paths below serve a request of `n` bytes aligned to
+/// `align` with (`n` as they are asked, padding included): the pooled
+/// rule of `malloc_aligned`, else a large block.
+fn block_for(n: usize, align: usize) -> usize {
+    match pooled_size(n, align) {
+        Some(n) => class_size(class_of(n)),
+        None => large::large_usable(n).unwrap_or(usize::MAX),
     }
 }
 
@@ -292,7 +293,7 @@ unsafe fn try_resize(
 #[inline]
 pub(crate) fn stays_in_place(usable: usize, new_size: usize) -> bool {
     if cfg!(feature = "check") {
-        new_size <= usable && block_for(new_size) == usable
+        new_size <= usable && block_for(new_size, 1) == usable
     } else {
         new_size <= usable && (new_size >= usable / 2 || usable <= 128)
     }
@@ -302,11 +303,7 @@ pub(crate) fn stays_in_place(usable: usize, new_size: usize) -> bool {
 /// gets (what `malloc_aligned(size, align)` returns a block of), `size`
 /// padded as the front doors pad it.
 pub(crate) fn expected_usable(size: usize, align: usize) -> usize {
-    let size = poison::padded(size);
-    match pooled_size(size, align) {
-        Some(n) => class_size(class_of(n)),
-        None => large::large_usable(size).unwrap_or(usize::MAX),
-    }
+    block_for(poison::padded(size), align)
 }
 
 /// With the `check` feature: abort with a one-line report unless `p`

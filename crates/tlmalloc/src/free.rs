@@ -168,24 +168,28 @@ unsafe fn free_slow(segment: *mut Segment, p: *mut u8) {
             report::misuse("free", p, "not the start of a block");
         }
         let owner = (*segment).owner() as *const ThreadHeap;
+        let block = p.cast::<Block>();
+        // `[block-key]`: only the owner may search the page's lists, so a
+        // key already there is reported as it is (it cannot be user data:
+        // see `Block`). A block of an abandoned segment carries no key.
+        let key = if owner.is_null() {
+            0
+        } else {
+            (*owner).free_key()
+        };
+        valgrind::open_word(p);
+        if key != 0 && (*block).key == key {
+            report::misuse("free", p, "double free");
+        }
+        valgrind::close_word(p);
+        poison::verify_slack("free", p, (*page).block_size);
         let mut holder = false;
-        if owner.is_null() {
+        if key == 0 {
             // `[abandoned]` step 4: counted before the push, while our live
             // block keeps the segment from being released under us.
-            poison::verify_slack("free", p, (*page).block_size);
             holder = ABANDONED.count_free(segment);
         } else {
-            // `[block-key]`: only the owner may search the page's lists, so
-            // a key already there is reported as it is (it cannot be user
-            // data: see `Block`).
-            let key = (*owner).free_key();
-            let block = p.cast::<Block>();
             valgrind::open_word(p);
-            if (*block).key == key {
-                report::misuse("free", p, "double free");
-            }
-            // (A no-op under valgrind, which owns the slack there.)
-            poison::verify_slack("free", p, (*page).block_size);
             (*block).key = key;
             valgrind::close_word(p);
         }

@@ -209,7 +209,7 @@ const fn start_magic(block_size: usize) -> u64 {
 ///   out directly ([`Page::take_untouched`]), unwritten: its page fault is
 ///   the program's first write, not `malloc`'s (a zero block carries no
 ///   `[block-key]`). A current page that its owner's frees refill leaves
-///   the mode (`alloc::end_untouched`): a malloc/free loop then keeps 16 KiB
+///   the mode (`alloc::refill_from_local_frees`): a malloc/free loop then keeps 16 KiB
 ///   of blocks in circulation, as on any other page.
 /// - `[page-owner]`: `thread_free` is shared (atomic); every other field is
 ///   written only by the holder of the page's segment (its owning heap, or
@@ -322,8 +322,9 @@ impl Page {
         }
     }
 
-    /// `secure`: whether `next`, a link just decoded, is null or a block of
-    /// this page; a forged or overwritten link fails (`[link-encoding]`).
+    /// Whether `next`, a link just decoded, is null or a block of this page:
+    /// a forged or overwritten link fails (`[link-encoding]` with `secure`,
+    /// and the `check` feature's look before a block is handed out).
     #[inline(always)]
     fn link_ok(&self, next: *mut Block) -> bool {
         next.is_null()
@@ -405,12 +406,7 @@ impl Page {
     unsafe fn check_free_block(&self, block: *mut Block) {
         // SAFETY: caller contract.
         let next = decode_link(unsafe { (*block).next }, self.link_key());
-        let end = self.area() as usize + self.reserved as usize * self.block_size;
-        if !next.is_null()
-            && ((next as usize) < self.area() as usize
-                || next as usize >= end
-                || !self.starts_block(next.cast()))
-        {
+        if !self.link_ok(next) {
             crate::report::misuse(
                 "malloc",
                 block.cast(),

@@ -103,21 +103,25 @@ pub const fn padded(size: usize) -> usize {
 #[cfg(feature = "check")]
 #[inline]
 fn trailer(block: *const u8, size: usize) -> usize {
-    let mix = (block as usize)
+    let mixed = size ^ address_mix(block);
+    let check = mixed.wrapping_mul(0xff51_afd7_ed55_8ccd) >> 48;
+    (mixed & SIZE_BITS) | check << 48
+}
+
+/// The bits a trailer mixes the size with: a hash of the block's address.
+#[cfg(feature = "check")]
+#[inline]
+fn address_mix(block: *const u8) -> usize {
+    (block as usize)
         .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-        .rotate_left(29);
-    let check = (size ^ mix).wrapping_mul(0xff51_afd7_ed55_8ccd) >> 48;
-    ((size ^ mix) & SIZE_BITS) | check << 48
+        .rotate_left(29)
 }
 
 /// The requested size a trailer word of `block` holds, if it is valid.
 #[cfg(feature = "check")]
 #[inline]
 fn trailer_size(block: *const u8, word: usize) -> Option<usize> {
-    let mix = (block as usize)
-        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-        .rotate_left(29);
-    let size = (word ^ mix) & SIZE_BITS;
+    let size = (word ^ address_mix(block)) & SIZE_BITS;
     (trailer(block, size) == word).then_some(size)
 }
 
@@ -205,9 +209,8 @@ pub unsafe fn verify_slack(function: &str, block: *mut u8, block_size: usize) {
             return;
         }
         let end = block_size - SLACK_PAD;
-        // SAFETY: caller contract: the trailer word lies in the block.
-        let word = unsafe { block.add(end).cast::<usize>().read() };
-        let Some(size) = trailer_size(block, word).filter(|&size| size <= end) else {
+        // SAFETY: forwarded caller contract.
+        let Some(size) = (unsafe { recorded_size(block, block_size) }) else {
             report::misuse(
                 function,
                 block,

@@ -132,11 +132,8 @@ pub fn requested_size(p: *const u8, usable: usize) -> usize {
 #[inline(always)]
 unsafe fn mark_slack(p: *mut u8, size: usize) {
     if cfg!(feature = "check") && !p.is_null() {
-        // SAFETY: caller contract; `[segment-header]`: the header describes it.
-        unsafe {
-            let usable = (*Segment::page_of(segment_of(p), p)).block_size;
-            poison::mark_slack(p, size, usable);
-        }
+        // SAFETY: caller contract.
+        unsafe { poison::mark_slack(p, size, block_size_of(p)) };
     }
 }
 
@@ -167,6 +164,15 @@ fn segment_of(p: *const u8) -> *mut Segment {
     }
 }
 
+/// The size of the live block `p` (its page's block size).
+///
+/// # Safety
+/// `p` is a live block of ours.
+unsafe fn block_size_of(p: *const u8) -> usize {
+    // SAFETY: `[segment-header]`: the block's header describes it.
+    unsafe { (*Segment::page_of(segment_of(p), p)).block_size }
+}
+
 /// The memory pool of the block in `segment`: its user heap, or null for a
 /// block of the ordinary heaps.
 ///
@@ -193,8 +199,8 @@ unsafe fn pool_of(segment: *mut Segment) -> *const u8 {
 /// `p` is a live block of ours.
 #[inline(never)]
 unsafe fn announce(p: *mut u8, size: usize, zeroed: bool, pool: *const u8) {
-    // SAFETY: `[segment-header]`: the block's header describes it.
-    let usable = unsafe { (*Segment::page_of(segment_of(p), p)).block_size };
+    // SAFETY: caller contract.
+    let usable = unsafe { block_size_of(p) };
     if usable > size {
         valgrind::make_mem_noaccess(p.wrapping_add(size), usable - size);
     }

@@ -77,70 +77,26 @@ pub fn lib_dir() -> PathBuf {
 /// and profile (with `features`: into `<target>/<features>/`, with them on);
 /// returns the path of libtlmalloc.so.
 fn build_library(features: Option<&str>) -> PathBuf {
-    // <target>/[<triple>/]<profile>/deps/<test binary>
-    let exe = env::current_exe().expect("current_exe");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>")
-        .to_path_buf();
-    let profile = profile_dir
-        .file_name()
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .to_string();
-    let above = profile_dir.parent().unwrap();
-    let (mut target_dir, triple) = if above.join("CACHEDIR.TAG").exists() {
-        (above.to_path_buf(), None)
-    } else {
-        (
-            above.parent().unwrap().to_path_buf(),
-            Some(above.file_name().unwrap().to_str().unwrap().to_string()),
-        )
-    };
+    let mut target_dir = cargo::this_profile().target_dir;
     if let Some(features) = features {
         target_dir = target_dir.join(features);
     }
-    let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.arg("build")
-        .arg("--manifest-path")
-        .arg(workspace_root().join("Cargo.toml"))
-        .args(["-p", "tlmalloc-capi", "--target-dir"])
-        .arg(&target_dir);
-    if let Some(features) = features {
-        cmd.args(["--features", features]);
-    }
-    match profile.as_str() {
-        "debug" => {}
-        "release" => {
-            cmd.arg("--release");
+    build_library_into(features, &target_dir)
+}
+
+/// `cargo build -p tlmalloc-capi`, with `features` on if given, into
+/// `target_dir`, in this test binary's profile and triple; returns the path
+/// of libtlmalloc.so.
+pub fn build_library_into(features: Option<&str>, target_dir: &Path) -> PathBuf {
+    let mut args = vec!["-p", "tlmalloc-capi"];
+    let what = match features {
+        Some(features) => {
+            args.extend(["--features", features]);
+            format!("libtlmalloc.so [{features}]")
         }
-        other => {
-            cmd.args(["--profile", other]);
-        }
-    }
-    if let Some(triple) = &triple {
-        cmd.args(["--target", triple]);
-    }
-    let started = Instant::now();
-    let out = cmd.output().expect("run cargo");
-    assert!(
-        out.status.success(),
-        "building libtlmalloc.so failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!(
-        "[build] libtlmalloc.so ({profile}{}) up to date in {:.1?}",
-        features.map(|f| format!(", {f}")).unwrap_or_default(),
-        started.elapsed()
-    );
-    let mut lib_dir = target_dir;
-    if let Some(triple) = &triple {
-        lib_dir = lib_dir.join(triple);
-    }
-    lib_dir.join(&profile).join("libtlmalloc.so")
+        None => "libtlmalloc.so".to_string(),
+    };
+    cargo::cargo_build(&args, target_dir, &what).join("libtlmalloc.so")
 }
 
 /// A fresh scratch directory for one test.
