@@ -22,6 +22,7 @@ use crate::counters;
 use crate::lock::SpinLock;
 use crate::options::{self, Opt};
 use crate::os;
+use crate::page::THREAD_FREE_LEN_SHIFT;
 use crate::rt_level;
 use crate::rt_pending;
 use crate::segment::{Segment, SegmentKind, GUARD_OFFSET};
@@ -299,6 +300,14 @@ pub fn segment_alloc(kind: SegmentKind) -> *mut Segment {
     let (segment, fresh, blocks_zeroed) = if cached.is_null() {
         let base = map_aligned(SEGMENT_SIZE, SEGMENT_SIZE);
         if base.is_null() {
+            return ptr::null_mut();
+        }
+        // `ThreadFree` keeps a length above its blocks' addresses: a
+        // mapping above that bit (only ever at a program's own request,
+        // with 57-bit addressing) is refused as memory the OS lacks.
+        if (base as usize + SEGMENT_SIZE) >> THREAD_FREE_LEN_SHIFT != 0 {
+            // SAFETY: the mapping is ours, fresh and unused.
+            unsafe { unmap(base, SEGMENT_SIZE) };
             return ptr::null_mut();
         }
         let segment = base.cast::<Segment>();

@@ -26,7 +26,7 @@ use crate::config::OS_PAGE_SIZE;
 use crate::list::{Linked, Links};
 use crate::os::{self, valgrind};
 use crate::poison;
-use crate::sync::{const_unless_loom, AtomicPtr, AtomicUsize, Ordering};
+use crate::sync::{const_unless_loom, AtomicUsize, Ordering};
 
 /// A link as a free block stores it: `next` encoded with the page's `key`
 /// (`[link-encoding]`); `next` itself without the `secure` feature.
@@ -103,65 +103,96 @@ pub struct Block {
     pub key: usize,
 }
 
-/// The head of a page's list of blocks freed by threads other than the owner.
+/// The head of a page's list of blocks freed by threads other than the
+/// owner, and the list's length, in one word: `head | len << LEN_SHIFT`.
 ///
 /// Protocol (model-checked in `tests/loom.rs`):
-/// - any thread pushes with a CAS loop, `Release` on success, so the block's
-///   link (and every write the freeing thread made to it) is visible to
-/// - the owner, which takes the whole list with one `swap(null, Acquire)`.
+/// - any thread pushes with a CAS loop that links the block to the old head
+///   and stores it as the new head with the length plus one, `Release` on
+///   success, so the block's link (and every write the freeing thread made
+///   to it) is visible to
+/// - the owner, which takes the whole list and its length with one
+///   `swap(0, Acquire)`.
+///
+/// The length is what lets the owner take a list without walking it: the
+/// blocks were last written by other cores, and walking them to count
+/// was a chain of cache misses, one per block, on the owner's refill.
 ///
 /// A block is pushed at most once per allocation (a double free is the
 /// caller's bug), and the list is only ever emptied whole, so there is no ABA:
 /// a pushed block cannot reappear at the head until the owner has taken it,
 /// allocated it again and had it freed again.
 #[repr(transparent)]
-pub struct ThreadFree(AtomicPtr<Block>);
+pub struct ThreadFree(AtomicUsize);
+
+/// Where `ThreadFree`'s length starts: block addresses fit below it
+/// (user-space addresses are below 2^47 on x86-64 Linux and 2^48 on
+/// aarch64, and segments are never mapped above: `arena`).
+pub const THREAD_FREE_LEN_SHIFT: u32 = 48;
+const HEAD_MASK: usize = (1 << THREAD_FREE_LEN_SHIFT) - 1;
+const _: () = assert!(
+    usize::BITS == 64,
+    "ThreadFree packs a length above the address"
+);
+// A page holds fewer blocks than the length can count.
+const _: () =
+    assert!(crate::config::MEDIUM_PAGE_SIZE / 16 < 1 << (usize::BITS - THREAD_FREE_LEN_SHIFT));
 
 impl ThreadFree {
     const_unless_loom! {
         /// An empty list.
         pub fn new() -> Self {
-            ThreadFree(AtomicPtr::new(ptr::null_mut()))
+            ThreadFree(AtomicUsize::new(0))
         }
     }
 
     /// Push a block freed by a non-owner thread.
     ///
     /// # Safety
-    /// `block` is a block of this page, allocated and not yet freed, and the
-    /// caller gives up all access to it; `key` is the page's `link_key`.
+    /// `block` is a block of this page, allocated and not yet freed, at an
+    /// address below `2^THREAD_FREE_LEN_SHIFT`, and the caller gives up all
+    /// access to it; `key` is the page's `link_key`.
     pub unsafe fn push(&self, block: *mut Block, key: usize) {
-        let mut head = self.0.load(Ordering::Relaxed);
+        debug_assert!(block as usize & !HEAD_MASK == 0);
+        let mut now = self.0.load(Ordering::Relaxed);
         loop {
+            let head = (now & HEAD_MASK) as *mut Block;
             valgrind::open_word(block.cast());
             // SAFETY: the caller owns `block` until the CAS below publishes it.
             unsafe { (*block).next = encode_link(head, key) };
             valgrind::close_word(block.cast());
+            let len = now >> THREAD_FREE_LEN_SHIFT;
+            let new = block as usize | (len + 1) << THREAD_FREE_LEN_SHIFT;
             match self
                 .0
-                .compare_exchange_weak(head, block, Ordering::Release, Ordering::Relaxed)
+                .compare_exchange_weak(now, new, Ordering::Release, Ordering::Relaxed)
             {
                 Ok(_) => return,
-                Err(now) => head = now,
+                Err(seen) => now = seen,
             }
         }
     }
 
-    /// Take every block pushed so far (owner only).
+    /// Take every block pushed so far and their number (owner only); null
+    /// and 0 when there are none.
     #[inline]
-    pub fn take_all(&self) -> *mut Block {
+    pub fn take_all(&self) -> (*mut Block, u32) {
         // A relaxed peek first: the common case is an empty list, and a load
         // keeps the cache line shared instead of pulling it exclusive.
-        if self.0.load(Ordering::Relaxed).is_null() {
-            return ptr::null_mut();
+        if self.0.load(Ordering::Relaxed) == 0 {
+            return (ptr::null_mut(), 0);
         }
-        self.0.swap(ptr::null_mut(), Ordering::Acquire)
+        let word = self.0.swap(0, Ordering::Acquire);
+        // The provenance of the blocks' addresses is their page's segment
+        // mapping: the word carries the address only.
+        let head = ptr::with_exposed_provenance_mut(word & HEAD_MASK);
+        (head, (word >> THREAD_FREE_LEN_SHIFT) as u32)
     }
 
     /// Whether the list looks empty (a hint: another thread may push at once).
     #[inline]
     pub fn is_empty_hint(&self) -> bool {
-        self.0.load(Ordering::Relaxed).is_null()
+        self.0.load(Ordering::Relaxed) == 0
     }
 }
 
@@ -215,6 +246,14 @@ const fn start_magic(block_size: usize) -> u64 {
 ///   written only by the holder of the page's segment (its owning heap, or
 ///   whoever took it off the abandoned list), and is constant while the
 ///   page is in use where marked so.
+///
+/// Layout: the first cache line holds what the owner writes on its fast
+/// paths (`free`, `used`, `local_free`) and reads with them; the second
+/// what other threads read or write on a remote free (`thread_free`, the
+/// block-start test's `area` and `start_magic`, `link_key`). On one line,
+/// every remote free would pull the owner's hot line away from it and
+/// every owner malloc would pull it back: a producer/consumer pair spent
+/// a fifth of its time on that line.
 #[repr(C, align(64))]
 pub struct Page {
     /// Owner: blocks ready to hand out (malloc pops here).
@@ -241,7 +280,11 @@ pub struct Page {
     pub untouched: bool,
     /// Constant while in use: bytes per block (the usable size).
     pub block_size: usize,
-    /// Shared: blocks freed by other threads.
+    /// Owner: links in the heap's queue of the page's class (slow paths only).
+    pub links: Links<Page>,
+    /// Keeps what other threads touch off the owner's cache line.
+    _line: [u8; 8],
+    /// Shared: blocks freed by other threads (the second cache line).
     pub thread_free: ThreadFree,
     /// Constant while in use: the first block, as `valgrind::hide_pointer`
     /// keeps it (read it with [`Page::area`]).
@@ -252,19 +295,24 @@ pub struct Page {
     /// of a division: Lemire, Kaser and Kurz, "Faster remainder by direct
     /// computation", 2019). See [`Page::starts_block`].
     pub start_magic: u64,
-    /// Owner: links in the heap's queue of the page's class (slow paths
-    /// only, so on the second cache line).
-    pub links: Links<Page>,
     /// Constant while in use: the key of the links its free blocks store
     /// (`[link-encoding]`; 0 without `secure`). Read with [`Page::link_key`].
     link_key: usize,
 }
 
 #[cfg(not(loom))]
-const _: () = assert!(
-    core::mem::size_of::<Page>() == 128,
-    "two cache lines; the fast paths touch only the first"
-);
+const _: () = {
+    assert!(
+        core::mem::size_of::<Page>() == 128,
+        "two cache lines: the owner's, and what remote frees touch"
+    );
+    assert!(
+        core::mem::offset_of!(Page, thread_free) == 64
+            && core::mem::offset_of!(Page, link_key) < 128
+            && core::mem::offset_of!(Page, links) + 16 <= 64,
+        "the owner's fields on the first line, the shared ones on the second"
+    );
+};
 
 impl Page {
     const_unless_loom! {
@@ -286,6 +334,7 @@ impl Page {
                 area: ptr::null_mut(),
                 start_magic: 0,
                 links: Links::new(),
+                _line: [0; 8],
                 link_key: 0,
             }
         }
@@ -491,13 +540,21 @@ impl Page {
     }
 
     /// Owner: move every remotely freed block onto `free`. Returns how many.
+    /// O(1) when `free` is empty (the usual case: called when allocation
+    /// ran dry): the list becomes `free` as it is, and each link is read
+    /// (and, with `secure`, checked) when `pop` follows it. Otherwise it
+    /// walks the list to its tail.
     pub fn collect_remote(&mut self) -> u32 {
-        let head = self.thread_free.take_all();
+        let (head, count) = self.thread_free.take_all();
         if head.is_null() {
             return 0;
         }
+        self.used -= count;
+        if self.free.is_null() {
+            self.free = head;
+            return count;
+        }
         let key = self.link_key();
-        let mut count = 1u32;
         let mut tail = head;
         // SAFETY: the swap in `take_all` (Acquire) made every pushed block's
         // link visible; the list is now ours alone and null-terminated.
@@ -514,13 +571,11 @@ impl Page {
                 valgrind::close_word(tail.cast());
                 tail = next;
                 valgrind::open_word(tail.cast());
-                count += 1;
             }
             (*tail).next = encode_link(self.free, key);
             valgrind::close_word(tail.cast());
         }
         self.free = head;
-        self.used -= count;
         count
     }
 
