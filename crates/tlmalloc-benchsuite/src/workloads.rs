@@ -367,7 +367,7 @@ pub const WORKLOADS: &[Workload] = &[
     Workload {
         name: "cpython",
         family: Family::Throughput,
-        about: "`python3` with `PYTHONMALLOC=malloc` (every object through malloc) builds a dict of 2 million entries (100 000 with --quick), dumps it to JSON, loads it, sorts the keys and frees it all; the script's time (not the interpreter's start), its peak RSS and its RSS after freeing. Skipped without `python3`.",
+        about: "`python3` with `PYTHONMALLOC=malloc` (every object through malloc) `mode=dict` builds a dict of 2 million entries (100 000 with --quick), dumps it to JSON, loads it, sorts the keys and frees it all: the script's time (not the interpreter's start), its peak RSS and its RSS after freeing; `mode=tests` runs CPython's own `test_json`, `test_dict` and `test_unicode` (`test_dict` alone with --quick) with `python3 -m test`: wall time with the interpreter's start, CPU times, peak RSS. Skipped without `python3`.",
         threaded: false,
         min_threads: 1,
         headline: &["time_s", "peak_rss_kib", "rss_after_free_kib"],
@@ -467,6 +467,13 @@ impl Workload {
             "cpython" => args.extend([
                 "--entries".into(),
                 pick(2_000, 100_000, 2_000_000).to_string(),
+                "--py-tests".into(),
+                match budget {
+                    Budget::Smoke => "none",
+                    Budget::Quick => "test_dict",
+                    Budget::Full => "test_json,test_dict,test_unicode",
+                }
+                .into(),
             ]),
             "realtime" => args.extend([
                 "--samples".into(),
@@ -516,7 +523,7 @@ impl Workload {
                 "thread-recreate" => pick_u64(budget, 10, 150, 400) * t.min(2),
                 "large-buffers" => pick_u64(budget, 30, 1_200, 12_000),
                 "fresh-tail" => pick_u64(budget, 10, 120, 120) * t.min(2),
-                "cpython" => pick_u64(budget, 150, 1_500, 25_000),
+                "cpython" => pick_u64(budget, 150, 3_000, 32_000),
                 "realtime" => pick_u64(budget, 1_500, 4_500, 15_000),
                 _ => ms + 30,
             }

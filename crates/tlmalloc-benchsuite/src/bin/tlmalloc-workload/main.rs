@@ -11,7 +11,7 @@
 //!                   [--blocks N] [--count N] [--lifetime N] [--sizes LIST]
 //!                   [--modes LIST] [--seed N] [--settle-ms MS] [--bytes SIZE]
 //!                   [--idle-ms MS] [--generations N] [--replacements N]
-//!                   [--entries N] [--rounds N]
+//!                   [--entries N] [--py-tests LIST] [--rounds N]
 //! tlmalloc-workload probe          # which malloc is in use, and its version
 //! tlmalloc-workload pair SIZE ITERS  # callgrind loop (SIZE 0: the empty loop)
 //! ```
@@ -69,6 +69,9 @@ pub struct Params {
     pub replacements: u64,
     /// Dict entries (`cpython`).
     pub entries: u64,
+    /// CPython test modules run as a benchmark, comma-separated; empty:
+    /// none (`cpython`, `mode=tests`).
+    pub py_tests: String,
     /// Rounds of large blocks per measured thread (`realtime`).
     pub rounds: u64,
 }
@@ -202,7 +205,8 @@ enum Cmd {
     LargeBuffers(Opts),
     /// --samples timed malloc(64) per thread with no frees; latency percentiles and maximum
     FreshTail(Opts),
-    /// python3 (PYTHONMALLOC=malloc): a dict of --entries, to JSON and back, keys sorted
+    /// python3 (PYTHONMALLOC=malloc): a dict of --entries, to JSON and back, keys sorted; then
+    /// CPython's own --py-tests modules
     Cpython(Opts),
     /// malloc/free latency of a realtime-marked thread against an unmarked one (--samples,
     /// --rounds)
@@ -277,6 +281,13 @@ struct Opts {
     /// Dict entries (cpython)
     #[arg(long, value_name = "N", default_value = "2_000_000", value_parser = at_least::<1>)]
     entries: u64,
+    /// CPython test modules run as a benchmark after the dict, comma-separated; "none": skip (cpython)
+    #[arg(
+        long,
+        value_name = "LIST",
+        default_value = "test_json,test_dict,test_unicode"
+    )]
+    py_tests: String,
     /// Rounds of large blocks per measured thread (realtime; xfree takes --samples)
     #[arg(long, value_name = "N", default_value_t = 32, value_parser = at_least::<1>)]
     rounds: u64,
@@ -301,6 +312,11 @@ impl From<Opts> for Params {
             generations: o.generations,
             replacements: o.replacements,
             entries: o.entries,
+            py_tests: if o.py_tests == "none" {
+                String::new()
+            } else {
+                o.py_tests
+            },
             rounds: o.rounds,
         }
     }

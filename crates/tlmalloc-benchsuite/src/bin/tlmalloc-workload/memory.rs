@@ -533,7 +533,105 @@ pub fn cpython(p: &Params) {
         ("entries", p.entries as f64),
         ("settle_ms", p.settle_ms as f64),
     ]);
-    emit("cpython", 1, "", &m);
+    emit("cpython", 1, "mode=dict", &m);
+    if !p.py_tests.is_empty() {
+        cpython_tests(&python, &p.py_tests);
+    }
+}
+
+/// The program `cpython` `mode=tests` runs: CPython's own test runner
+/// (`python3 -m test -q MODULES...`), and at the interpreter's exit a
+/// `PY {json}` line with its peak RSS and whether every library of
+/// `LD_PRELOAD` is mapped.
+const PY_TESTS_SCRIPT: &str = r#"
+import atexit, json, os, runpy, sys
+def report():
+    with open('/proc/self/maps') as f:
+        maps = f.read()
+    pre = [p for p in os.environ.get('LD_PRELOAD', '').replace(':', ' ').split() if p]
+    peak = 0
+    with open('/proc/self/status') as f:
+        for line in f:
+            k, _, v = line.partition(':')
+            if k == 'VmHWM':
+                peak = int(v.split()[0])
+    print('PY ' + json.dumps({
+        'preloaded': all(os.path.basename(p) in maps for p in pre), 'peak_rss_kib': peak,
+    }), flush=True)
+atexit.register(report)
+sys.argv = ['python3 -m test', '-q'] + sys.argv[1:]
+runpy.run_module('test', run_name='__main__', alter_sys=True)
+"#;
+
+/// `cpython` `mode=tests`: CPython's own test modules `modules`
+/// (comma-separated, e.g. `test_json,test_dict,test_unicode`) run as a
+/// benchmark with `PYTHONMALLOC=malloc` under the same `LD_PRELOAD`.
+/// Reports the run's wall time (`time_s`, the interpreter's start
+/// included), the user and system CPU time of the interpreter and what it
+/// spawned, and the interpreter's peak RSS. Exits 3 if a test fails: a
+/// failing test under an allocator is no time to read.
+fn cpython_tests(python: &std::path::Path, modules: &str) {
+    let before = children_cpu_s();
+    let start = Instant::now();
+    let out = std::process::Command::new(python)
+        .args(["-c", PY_TESTS_SCRIPT])
+        .args(modules.split(',').filter(|m| !m.is_empty()))
+        .env("PYTHONMALLOC", "malloc")
+        .env_remove("PYTHONSTARTUP")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| {
+            eprintln!(
+                "tlmalloc-workload: cpython: cannot run {}: {e}",
+                python.display()
+            );
+            std::process::exit(3)
+        });
+    let wall = start.elapsed().as_secs_f64();
+    let after = children_cpu_s();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let parsed = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("PY "))
+        .and_then(|j| serde_json::from_str::<serde_json::Value>(j).ok());
+    let Some(v) = parsed.filter(|_| out.status.success()) else {
+        eprintln!(
+            "tlmalloc-workload: cpython: `python3 -m test {modules}` failed ({}): {stdout}",
+            out.status
+        );
+        std::process::exit(3)
+    };
+    if v["preloaded"] != serde_json::Value::Bool(true) {
+        eprintln!(
+            "tlmalloc-workload: cpython: the test runner does not have LD_PRELOAD's library mapped"
+        );
+        std::process::exit(3)
+    }
+    let m = [
+        ("time_s", wall),
+        ("user_s", after.0 - before.0),
+        ("sys_s", after.1 - before.1),
+        (
+            "peak_rss_kib",
+            v["peak_rss_kib"].as_f64().unwrap_or(f64::NAN),
+        ),
+        ("seconds", wall),
+        ("modules", modules.split(',').count() as f64),
+    ];
+    emit("cpython", 1, "mode=tests", &m);
+}
+
+/// User and system CPU seconds of every child waited for so far.
+fn children_cpu_s() -> (f64, f64) {
+    // SAFETY: getrusage writes one `rusage` into the zeroed struct we own.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru);
+        ru
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (secs(ru.ru_utime), secs(ru.ru_stime))
 }
 
 #[cfg(test)]
