@@ -80,7 +80,7 @@ fn check(p: *const u8, filled: usize, len: usize, seed: u8, what: &str) {
 fn sizes_9_to_medium() -> Vec<usize> {
     let mut v: Vec<usize> = (9..=1024).collect();
     let mut n = 1025;
-    while n <= 256 * 1024 {
+    while n <= 128 * 1024 {
         let class = tlmalloc::good_size(n);
         v.extend([n, class]);
         n = class + 1;

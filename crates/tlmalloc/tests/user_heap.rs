@@ -276,7 +276,7 @@ fn frees_from_another_thread_come_back() {
     let pooled = blocks
         .iter()
         // SAFETY: live blocks.
-        .filter(|b| unsafe { tlmalloc::usable_size(b.p as *const u8) } <= 256 * KIB)
+        .filter(|b| unsafe { tlmalloc::usable_size(b.p as *const u8) } <= 128 * KIB)
         .count() as u64;
     assert!(pooled < n);
     let before = tlmalloc::stats();
