@@ -139,8 +139,7 @@ const _: () = assert!(
 const _: () = {
     use crate::config::{MEDIUM_PAGE_SIZE, SMALL_PAGE_SIZE, SMALL_SIZE_MAX};
     let len_max = 1 << (usize::BITS - THREAD_FREE_LEN_SHIFT);
-    assert!(SMALL_PAGE_SIZE / 16 < len_max);
-    assert!(MEDIUM_PAGE_SIZE / SMALL_SIZE_MAX < len_max);
+    assert!(SMALL_PAGE_SIZE / 16 < len_max && MEDIUM_PAGE_SIZE / SMALL_SIZE_MAX < len_max);
 };
 
 impl ThreadFree {
