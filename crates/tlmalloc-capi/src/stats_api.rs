@@ -27,7 +27,7 @@ use tlmalloc_core::Stats;
 /// `TL_STATS_VERSION` in include/tlmalloc.h.
 pub const HEADER_STATS_VERSION: u32 = 1;
 /// `TL_STATS_CLASSES` in include/tlmalloc.h.
-pub const HEADER_STATS_CLASSES: usize = 96;
+pub const HEADER_STATS_CLASSES: usize = 88;
 
 /// Fill `*out` with the current statistics. The caller sets
 /// `out->version = TL_STATS_VERSION` (the layout it was compiled with)

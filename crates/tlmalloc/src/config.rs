@@ -4,7 +4,7 @@
 //! ```text
 //! segment (4 MiB, aligned to 4 MiB)
 //! ├── small segment:  64 pages of 64 KiB   (classes up to SMALL_SIZE_MAX)
-//! ├── medium segment:  4 pages of 1 MiB    (classes up to MEDIUM_SIZE_MAX)
+//! ├── medium segment:  8 pages of 512 KiB  (classes up to MEDIUM_SIZE_MAX)
 //! └── large segment:   one block, any size, mapped for it (or taken from the segment cache)
 //! ```
 //! The segment header (the `Segment` struct with its page table) sits at the
@@ -23,7 +23,7 @@ pub const SMALL_PAGE_SHIFT: u32 = 16;
 /// Small pages hold the classes up to [`SMALL_SIZE_MAX`].
 pub const SMALL_PAGE_SIZE: usize = 1 << SMALL_PAGE_SHIFT;
 /// log2 of a medium page.
-pub const MEDIUM_PAGE_SHIFT: u32 = 20;
+pub const MEDIUM_PAGE_SHIFT: u32 = 19;
 /// Medium pages hold the classes above [`SMALL_SIZE_MAX`] up to [`MEDIUM_SIZE_MAX`].
 pub const MEDIUM_PAGE_SIZE: usize = 1 << MEDIUM_PAGE_SHIFT;
 /// Page slots in a segment header (the small segment uses all of them).
@@ -38,7 +38,7 @@ pub const LARGE_PAGE_SHIFT: u32 = 63;
 pub const SMALL_SIZE_MAX: usize = 8 * 1024;
 /// The largest class served from medium pages (at least 4 blocks a page);
 /// anything larger gets a segment of its own.
-pub const MEDIUM_SIZE_MAX: usize = 256 * 1024;
+pub const MEDIUM_SIZE_MAX: usize = 128 * 1024;
 /// Requests up to this size find their page with one indexed load
 /// (`ThreadHeap::direct`), skipping the class computation.
 pub const DIRECT_SIZE_MAX: usize = 1024;

@@ -65,7 +65,7 @@ counters! {
     decommitted_bytes,
     /// Small and medium pages carved for blocks.
     pages_in_use,
-    /// Bytes of those pages (64 KiB or 1 MiB each).
+    /// Bytes of those pages (64 KiB or 512 KiB each).
     page_bytes,
     /// The largest `page_bytes` has been.
     peak_page_bytes,

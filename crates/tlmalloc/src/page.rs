@@ -134,13 +134,9 @@ const _: () = assert!(
     usize::BITS == 64,
     "ThreadFree packs a length above the address"
 );
-// A page holds fewer blocks than the length can count: a small page's
-// blocks are 16 bytes or more, a medium page's more than `SMALL_SIZE_MAX`.
-const _: () = {
-    use crate::config::{MEDIUM_PAGE_SIZE, SMALL_PAGE_SIZE, SMALL_SIZE_MAX};
-    let len_max = 1 << (usize::BITS - THREAD_FREE_LEN_SHIFT);
-    assert!(SMALL_PAGE_SIZE / 16 < len_max && MEDIUM_PAGE_SIZE / SMALL_SIZE_MAX < len_max);
-};
+// A page holds fewer blocks than the length can count.
+const _: () =
+    assert!(crate::config::MEDIUM_PAGE_SIZE / 16 < 1 << (usize::BITS - THREAD_FREE_LEN_SHIFT));
 
 impl ThreadFree {
     const_unless_loom! {

@@ -24,7 +24,7 @@ use crate::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 pub enum SegmentKind {
     /// 64 pages of 64 KiB, small classes.
     Small = 0,
-    /// 4 pages of 1 MiB, medium classes.
+    /// 8 pages of 512 KiB, medium classes.
     Medium = 1,
     /// One block, found through page slot 0.
     Large = 2,

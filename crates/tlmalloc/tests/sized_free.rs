@@ -136,10 +136,10 @@ fn free_sized_tiny_sizes() {
 #[test]
 fn free_sized_large_blocks() {
     if in_child("large") {
-        // Above 256 KiB; class-rounded up to 128 MiB, page-rounded beyond.
+        // Above 128 KiB; class-rounded up to 128 MiB, page-rounded beyond.
         let sizes = [
-            256 * 1024 + 1,
-            300_000,
+            128 * 1024 + 1,
+            200_000,
             MIB,
             MIB + 1,
             5 * MIB + 17,

@@ -43,7 +43,7 @@ _Static_assert(sizeof(tl_stats_t) == 8 + 8 * STATS_SCALARS + 24 * TL_STATS_CLASS
 _Static_assert(offsetof(tl_stats_t, classes) == 8 + 8 * STATS_SCALARS,
                "tl_stats_t.classes offset differs from the library's Stats");
 _Static_assert(offsetof(tl_stats_t, counters_enabled) == 8, "first scalar after the two uint32_t");
-_Static_assert(TL_STATS_CLASSES == 96, "the number of size classes");
+_Static_assert(TL_STATS_CLASSES == 88, "the number of size classes");
 _Static_assert(TL_STATS_VERSION == 1, "the layout checked here");
 
 /* Whether the library counts every allocation and free (built with the
@@ -150,7 +150,7 @@ static int is_check_build(void) {
 
 static void test_sized(void) {
     static const size_t sizes[] = {0,    1,     7,      8,      9,      16,      17,
-                                   100,  1000,  4096,   65536,  131072, 262145,  1 << 20};
+                                   100,  1000,  4096,   65536,  131072, 131073,  1 << 20};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         size_t n = sizes[i];
         void *p = tl_malloc_sized(n);
@@ -401,10 +401,10 @@ struct hblock {
 static struct hblock hblocks[HBLOCKS];
 
 /* Mixed sizes: small and medium ones, and every 50th-ish a large one
- * (above 256 KiB). */
+ * (above 128 KiB). */
 static size_t heap_size_of(int i) {
     switch (i % 50) {
-    case 7: return 300000;
+    case 7: return 200000;
     case 23: return 1 << 20;
     case 41: return 3 << 20;
     default: {
@@ -471,13 +471,13 @@ static void *own_heap_thread(void *arg) {
     if (h == NULL) return (void *)1;
     void *blocks[500];
     for (int i = 0; i < 500; i++) {
-        size_t n = (size_t)(i % 3 == 0 ? 300000 : 16 + i * 40);
+        size_t n = (size_t)(i % 3 == 0 ? 150000 : 16 + i * 40);
         blocks[i] = tl_heap_malloc(h, n);
         if (blocks[i] == NULL) return (void *)1;
         fill(blocks[i], n, seed + (unsigned)i);
     }
     for (int i = 0; i < 500; i++) {
-        size_t n = (size_t)(i % 3 == 0 ? 300000 : 16 + i * 40);
+        size_t n = (size_t)(i % 3 == 0 ? 150000 : 16 + i * 40);
         bad += !intact(blocks[i], n, seed + (unsigned)i);
         if (i % 2) tl_free(blocks[i]);
     }
@@ -511,7 +511,7 @@ static void test_heaps(void) {
     for (int i = 0; i < HBLOCKS; i++) {
         heap_alloc_block(h, i, 11);
         asked += hblocks[i].size;
-        large += hblocks[i].size > 256 * 1024;
+        large += hblocks[i].size > 128 * 1024;
     }
     CHECK(heap_blocks_ok(0, 1, 11));
     tl_stats_t s2 = snap();
@@ -531,7 +531,7 @@ static void test_heaps(void) {
     /* Small and medium blocks freed there count as remote frees; large
      * ones as large frees. */
     int odd_large = 0;
-    for (int i = 1; i < HBLOCKS; i += 2) odd_large += heap_size_of(i) > 256 * 1024;
+    for (int i = 1; i < HBLOCKS; i += 2) odd_large += heap_size_of(i) > 128 * 1024;
     COUNTEDF(diff(s3.remote_frees, s2.remote_frees) >= HBLOCKS / 2 - odd_large,
              "remote frees grew by %lld", (long long)diff(s3.remote_frees, s2.remote_frees));
     COUNTED(diff(s3.large_frees, s2.large_frees) >= odd_large);
@@ -631,7 +631,7 @@ static void *workload_thread(void *arg) {
     void *window[WINDOW] = {0};
     uintptr_t count = 0;
     for (int i = 0; i < ITERS; i++) {
-        size_t n = (i % 5000 == 4999) ? 300000 : (size_t)((i * 37 + seed) % 3000);
+        size_t n = (i % 5000 == 4999) ? 200000 : (size_t)((i * 37 + seed) % 3000);
         void *p = malloc(n);
         if (p == NULL) abort();
         count++;
@@ -690,7 +690,7 @@ static void test_stats(void) {
     CHECK(offsetof(tl_stats_t, classes) == 8 + 8 * STATS_SCALARS);
     CHECK((char *)&s.classes[0] - (char *)&s == (ptrdiff_t)offsetof(tl_stats_t, classes));
     CHECK(s.classes[0].block_size == 16);
-    CHECK(s.classes[TL_STATS_CLASSES - 1].block_size == 256 * 1024);
+    CHECK(s.classes[TL_STATS_CLASSES - 1].block_size == 128 * 1024);
     int ordered = 1;
     for (int c = 0; c < TL_STATS_CLASSES; c++) {
         uint64_t b = s.classes[c].block_size;
