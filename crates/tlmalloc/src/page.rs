@@ -104,7 +104,8 @@ pub struct Block {
 }
 
 /// The head of a page's list of blocks freed by threads other than the
-/// owner, and the list's length, in one word: `head | len << LEN_SHIFT`.
+/// owner, and the list's length, in one word:
+/// `head | len << THREAD_FREE_LEN_SHIFT`.
 ///
 /// Protocol (model-checked in `tests/loom.rs`):
 /// - any thread pushes with a CAS loop that links the block to the old head

@@ -475,43 +475,9 @@ pub fn cpython(p: &Params) {
         eprintln!("tlmalloc-workload: cpython: python3 is not on PATH");
         std::process::exit(2)
     };
-    let start = Instant::now();
-    let out = std::process::Command::new(&python)
-        .args(["-c", PY_SCRIPT])
-        .arg(p.entries.to_string())
-        .arg(p.settle_ms.to_string())
-        .env("PYTHONMALLOC", "malloc")
-        .env_remove("PYTHONSTARTUP")
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| {
-            eprintln!(
-                "tlmalloc-workload: cpython: cannot run {}: {e}",
-                python.display()
-            );
-            std::process::exit(3)
-        });
-    let wall = start.elapsed().as_secs_f64();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let parsed = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("PY "))
-        .and_then(|j| serde_json::from_str::<serde_json::Value>(j).ok());
-    let Some(v) = parsed.filter(|_| out.status.success()) else {
-        eprintln!(
-            "tlmalloc-workload: cpython: {} failed ({}): {stdout}",
-            python.display(),
-            out.status
-        );
-        std::process::exit(3)
-    };
-    if v["preloaded"] != serde_json::Value::Bool(true) {
-        eprintln!(
-            "tlmalloc-workload: cpython: the interpreter does not have LD_PRELOAD's library mapped"
-        );
-        std::process::exit(3)
-    }
+    let entries = p.entries.to_string();
+    let settle = p.settle_ms.to_string();
+    let (v, wall) = run_python(&python, PY_SCRIPT, &[&entries, &settle], "the dict script");
     let mut m: Vec<(&'static str, f64)> = [
         "time_s",
         "build_s",
@@ -572,10 +538,38 @@ runpy.run_module('test', run_name='__main__', alter_sys=True)
 /// failing test under an allocator is no time to read.
 fn cpython_tests(python: &std::path::Path, modules: &str) {
     let before = children_cpu_s();
+    let names: Vec<&str> = modules.split(',').filter(|m| !m.is_empty()).collect();
+    let what = format!("`python3 -m test {modules}`");
+    let (v, wall) = run_python(python, PY_TESTS_SCRIPT, &names, &what);
+    let after = children_cpu_s();
+    let m = [
+        ("time_s", wall),
+        ("user_s", after.0 - before.0),
+        ("sys_s", after.1 - before.1),
+        (
+            "peak_rss_kib",
+            v["peak_rss_kib"].as_f64().unwrap_or(f64::NAN),
+        ),
+        ("seconds", wall),
+        ("modules", names.len() as f64),
+    ];
+    emit("cpython", 1, "mode=tests", &m);
+}
+
+/// Run `script` with `args` in `python` (`PYTHONMALLOC=malloc`, under this
+/// process's `LD_PRELOAD`) and return its `PY {json}` line and the wall
+/// time. Exits 3 when it cannot run, fails, prints no such line, or does
+/// not have every `LD_PRELOAD` library mapped (`preloaded`).
+fn run_python(
+    python: &std::path::Path,
+    script: &str,
+    args: &[&str],
+    what: &str,
+) -> (serde_json::Value, f64) {
     let start = Instant::now();
     let out = std::process::Command::new(python)
-        .args(["-c", PY_TESTS_SCRIPT])
-        .args(modules.split(',').filter(|m| !m.is_empty()))
+        .args(["-c", script])
+        .args(args)
         .env("PYTHONMALLOC", "malloc")
         .env_remove("PYTHONSTARTUP")
         .stdin(std::process::Stdio::null())
@@ -589,7 +583,6 @@ fn cpython_tests(python: &std::path::Path, modules: &str) {
             std::process::exit(3)
         });
     let wall = start.elapsed().as_secs_f64();
-    let after = children_cpu_s();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let parsed = stdout
         .lines()
@@ -597,29 +590,16 @@ fn cpython_tests(python: &std::path::Path, modules: &str) {
         .and_then(|j| serde_json::from_str::<serde_json::Value>(j).ok());
     let Some(v) = parsed.filter(|_| out.status.success()) else {
         eprintln!(
-            "tlmalloc-workload: cpython: `python3 -m test {modules}` failed ({}): {stdout}",
+            "tlmalloc-workload: cpython: {what} failed ({}): {stdout}",
             out.status
         );
         std::process::exit(3)
     };
     if v["preloaded"] != serde_json::Value::Bool(true) {
-        eprintln!(
-            "tlmalloc-workload: cpython: the test runner does not have LD_PRELOAD's library mapped"
-        );
+        eprintln!("tlmalloc-workload: cpython: {what} does not have LD_PRELOAD's library mapped");
         std::process::exit(3)
     }
-    let m = [
-        ("time_s", wall),
-        ("user_s", after.0 - before.0),
-        ("sys_s", after.1 - before.1),
-        (
-            "peak_rss_kib",
-            v["peak_rss_kib"].as_f64().unwrap_or(f64::NAN),
-        ),
-        ("seconds", wall),
-        ("modules", modules.split(',').count() as f64),
-    ];
-    emit("cpython", 1, "mode=tests", &m);
+    (v, wall)
 }
 
 /// User and system CPU seconds of every child waited for so far.
