@@ -432,7 +432,7 @@ pub fn alloc(
 pub static LIVE_ESTIMATE: AtomicUsize = AtomicUsize::new(0);
 
 /// The least the recycle cache may hold, whatever the live footprint.
-const CACHE_FLOOR: usize = 32 << 20;
+const CACHE_FLOOR: usize = 8 << 20;
 
 /// The byte bound of the recycle cache's shared level (the local level
 /// keeps a quarter): twice the program's live large footprint (the larger

@@ -7,7 +7,7 @@
 //! |---|---|---|---|
 //! | `TLMALLOC_PURGE_DELAY_MS` | 1000 | ms | how long a free page, empty segment or cached large block stays resident before it is purged (cached blocks are unmapped after 8× this); 0 purges at the next check |
 //! | `TLMALLOC_PURGE_MODE` | `dontneed` | word | `dontneed` (`MADV_DONTNEED`: RSS drops at once, pages read back zero) or `free` (`MADV_FREE`: the kernel reclaims lazily) |
-//! | `TLMALLOC_LARGE_CACHE_MAX` | `512m` | bytes | the most bytes of freed large blocks kept for reuse: the shared level holds up to twice the live large footprint (at least 32 MiB, at most this), each thread a quarter of that in 8 slots (always one block) |
+//! | `TLMALLOC_LARGE_CACHE_MAX` | `512m` | bytes | the most bytes of freed large blocks kept for reuse: the shared level holds up to twice the live large footprint (at least 8 MiB, at most this), each thread a quarter of that in 8 slots (always one block) |
 //! | `TLMALLOC_MAX_RESERVED` | 0 (none) | bytes | cap on bytes mapped from the OS; a request beyond it gets null |
 //! | `TLMALLOC_THP` | `system` | word | transparent huge pages: `system`, `always` (`MADV_HUGEPAGE` on segments and large blocks) or `never` (`MADV_NOHUGEPAGE`) |
 //! | `TLMALLOC_SHOW_STATS` | `off` | word | print the statistics summary at exit: `1`/`all` in every process, `pid:N` (or a bare `N` ≥ 2) only in process N, `0` in none |
@@ -111,7 +111,7 @@ options! {
         unit: "bytes",
         parse: parse_size,
         show: show_size,
-        doc: "the most bytes of freed large blocks kept for reuse: the shared level holds up to twice the live large footprint (at least 32 MiB, at most this), each thread a quarter of that in 8 slots (always one block)",
+        doc: "the most bytes of freed large blocks kept for reuse: the shared level holds up to twice the live large footprint (at least 8 MiB, at most this), each thread a quarter of that in 8 slots (always one block)",
     },
     MaxReserved {
         env: "TLMALLOC_MAX_RESERVED",

@@ -2,7 +2,7 @@
 //! 128 MiB) is kept mapped, first in the freeing thread's cache (8 slots, a
 //! quarter of the bound, or one block of any size when it is empty), then
 //! in the shared cache (4 slots per class, the bound: twice the live large
-//! footprint, at least 32 MiB, at most `LargeCacheMax`). A request takes the
+//! footprint, at least 8 MiB, at most `LargeCacheMax`). A request takes the
 //! smallest cached block at least as large (any class above its own), its
 //! excess given back; with none, the largest local block grows (`mremap`).
 //!
@@ -267,7 +267,9 @@ fn touch(p: *mut u8, len: usize) {
 #[test]
 fn block_freed_on_exited_thread_is_reused_through_shared_level() {
     let _s = serial();
-    const SIZE: usize = 8 * MIB;
+    // Below the shared level's floor (8 MiB of mapping), so it is kept
+    // whatever the live footprint.
+    const SIZE: usize = 4 * MIB;
     let shared_before = large_cache_stats().shared_bytes;
     assert_eq!(shared_before, 0, "shared level not empty after collect");
 
@@ -512,7 +514,7 @@ const MODEL_CHILD_VAR: &str = "TLMALLOC_TEST_ACCOUNTING_MODEL";
 /// `TLMALLOC_LARGE_CACHE_MAX` while the model runs.
 const MODEL_CAP: usize = 256 * MIB;
 /// The least the recycle cache's bound is, whatever the live footprint.
-const MODEL_FLOOR: usize = 32 * MIB;
+const MODEL_FLOOR: usize = 8 * MIB;
 /// Slots per size class of the shared level.
 const SHARED_SLOTS: usize = 4;
 /// Where a large block starts in its mapping: the header (and with
@@ -1170,21 +1172,22 @@ fn thread_with_only_large_allocations_uses_local_cache_and_purges() {
     tlmalloc::collect();
     println!("large-only thread: heap {kind:?}, after one free {stats_after_free:?}");
 
-    // Purging: an 8 MiB block freed by a large-only thread is purged after
+    // Purging: a 4 MiB block freed by a large-only thread is purged after
     // the delay while that thread keeps making large alloc/free calls.
     options::set(Opt::PurgeDelayMs, 50);
     let (purged, elapsed) = thread::spawn(|| {
         let before = os_stats();
-        // Both cached: the 256 KiB requests below take the smaller block
-        // (the best fit), and the 8 MiB one waits for its purge.
+        // Both cached (the 4 MiB one in the shared level, under its 8 MiB
+        // floor): the 256 KiB requests below take the smaller block (the
+        // best fit), and the 4 MiB one waits for its purge.
         let small = malloc(256 * KIB);
-        let big = malloc(8 * MIB);
+        let big = malloc(4 * MIB);
         free(small);
         free(big);
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(2) {
             free(malloc(256 * KIB));
-            if os_stats().purged_bytes - before.purged_bytes >= 8 * MIB {
+            if os_stats().purged_bytes - before.purged_bytes >= 4 * MIB {
                 return (true, start.elapsed());
             }
             thread::sleep(Duration::from_millis(1));
@@ -1193,7 +1196,7 @@ fn thread_with_only_large_allocations_uses_local_cache_and_purges() {
     })
     .join()
     .unwrap();
-    println!("large-only thread: 8 MiB block purged {purged} after {elapsed:?}");
+    println!("large-only thread: 4 MiB block purged {purged} after {elapsed:?}");
     assert!(
         stats_after_free.local_bytes >= MIB,
         "a thread whose first allocation is large (heap {kind:?}) does not use a local \
