@@ -281,7 +281,7 @@ int tl_option_set(const char *name, const char *value);
 
 /* The current value of the option `name` (as for tl_option_set): a number
  * (ms, bytes; 0 or 1 for a boolean), or the code of a word: purge_mode
- * 0 dontneed, 1 free; thp 0 system, 1 always, 2 never; show_stats 0 none,
+ * 0 dontneed, 1 free; thp 0 system, 1 always, 2 never, 3 large; show_stats 0 none,
  * 1 every process, else 2^32 + the one pid that prints; for stats_json the length
  * of the path (0: none). -1 with errno = EINVAL for an unknown name or
  * NULL. */

@@ -89,7 +89,7 @@ pub fn large_map(usable: usize, align: usize) -> *mut Segment {
         let Some(map_size) = round_up(total, OS_PAGE_SIZE) else {
             return ptr::null_mut();
         };
-        let base = arena::map_aligned(map_size, SEGMENT_SIZE);
+        let base = arena::map_large_block(map_size, SEGMENT_SIZE);
         if base.is_null() {
             return ptr::null_mut();
         }
@@ -122,7 +122,7 @@ fn large_map_header_below(usable: usize, align: usize) -> *mut Segment {
     else {
         return ptr::null_mut();
     };
-    let raw = arena::map(map_size);
+    let raw = arena::map_large_block(map_size, OS_PAGE_SIZE);
     if raw.is_null() {
         return ptr::null_mut();
     }
@@ -329,11 +329,12 @@ pub unsafe fn large_grow(segment: *mut Segment, usable: usize) -> *mut Segment {
             return ptr::null_mut();
         }
         if arena::grow_in_place(segment.cast(), old_size, new_size) {
+            arena::advise_grown_large_block(segment.cast(), new_size);
             (*segment).map_size = new_size;
             (*segment).pages[0].block_size = usable;
             return segment;
         }
-        let target = arena::map_aligned(new_size, SEGMENT_SIZE);
+        let target = arena::map_large_block(new_size, SEGMENT_SIZE);
         if target.is_null() {
             return ptr::null_mut();
         }
@@ -346,6 +347,8 @@ pub unsafe fn large_grow(segment: *mut Segment, usable: usize) -> *mut Segment {
             arena::unmap(target, new_size);
             return ptr::null_mut();
         }
+        // The moved pages keep their old mapping's flags, not the target's.
+        arena::advise_grown_large_block(target, new_size);
         let moved = target.cast::<Segment>();
         (*moved).map_base = target;
         (*moved).map_size = new_size;

@@ -9,7 +9,7 @@
 //! | `TLMALLOC_PURGE_MODE` | `dontneed` | word | `dontneed` (`MADV_DONTNEED`: RSS drops at once, pages read back zero) or `free` (`MADV_FREE`: the kernel reclaims lazily) |
 //! | `TLMALLOC_LARGE_CACHE_MAX` | `512m` | bytes | the most bytes of freed large blocks kept for reuse: the shared level holds up to twice the live large footprint (at least 8 MiB, at most this), each thread a quarter of that in 8 slots (always one block) |
 //! | `TLMALLOC_MAX_RESERVED` | 0 (none) | bytes | cap on bytes mapped from the OS; a request beyond it gets null |
-//! | `TLMALLOC_THP` | `system` | word | transparent huge pages: `system`, `always` (`MADV_HUGEPAGE` on segments and large blocks) or `never` (`MADV_NOHUGEPAGE`) |
+//! | `TLMALLOC_THP` | `large` | word | transparent huge pages: `large` (`MADV_HUGEPAGE` on the mappings of large blocks above 4 MiB, nothing else), `system` (no advice: the kernel's setting decides), `always` (`MADV_HUGEPAGE` on segments and large blocks) or `never` (`MADV_NOHUGEPAGE`) |
 //! | `TLMALLOC_SHOW_STATS` | `off` | word | print the statistics summary at exit: `1`/`all` in every process, `pid:N` (or a bare `N` ≥ 2) only in process N, `0` in none |
 //! | `TLMALLOC_STATS_JSON` | (none) | path | file the statistics are written to as JSON at exit (at most 255 bytes) |
 //! | `TLMALLOC_BACKGROUND_PURGE` | `on` | bool | a background thread (started when there first is free memory to return) purges idle threads' free pages and every cache on time |
@@ -123,11 +123,11 @@ options! {
     },
     Thp {
         env: "TLMALLOC_THP",
-        default: THP_SYSTEM,
+        default: THP_LARGE,
         unit: "word",
         parse: parse_thp,
         show: show_thp,
-        doc: "transparent huge pages: `system`, `always` (MADV_HUGEPAGE) or `never` (MADV_NOHUGEPAGE)",
+        doc: "transparent huge pages: `large` (MADV_HUGEPAGE on the mappings of large blocks above 4 MiB, nothing else), `system` (no advice), `always` (MADV_HUGEPAGE on every mapping) or `never` (MADV_NOHUGEPAGE)",
     },
     ShowStats {
         env: "TLMALLOC_SHOW_STATS",
@@ -213,6 +213,9 @@ pub const THP_SYSTEM: usize = 0;
 pub const THP_ALWAYS: usize = 1;
 /// `Thp` value: advise against huge pages.
 pub const THP_NEVER: usize = 2;
+/// `Thp` value (the default): advise huge pages for the mappings of large
+/// blocks beyond one segment only.
+pub const THP_LARGE: usize = 3;
 /// `RtDefault` value: threads enter the kernel when they need to.
 pub const RT_OFF: usize = 0;
 /// `RtDefault` value: every thread defers its unmaps and purges.
@@ -614,6 +617,7 @@ fn show_thp(v: usize, out: &mut ValueText) {
         THP_SYSTEM => out.0.push(b"system"),
         THP_ALWAYS => out.0.push(b"always"),
         THP_NEVER => out.0.push(b"never"),
+        THP_LARGE => out.0.push(b"large"),
         _ => out.0.decimal(v),
     };
 }
@@ -696,6 +700,7 @@ fn parse_thp(text: &[u8]) -> Option<usize> {
         (&b"system"[..], THP_SYSTEM),
         (b"always", THP_ALWAYS),
         (b"never", THP_NEVER),
+        (b"large", THP_LARGE),
     ]
     .iter()
     .find(|(word, _)| text.eq_ignore_ascii_case(word))
@@ -872,11 +877,13 @@ impl Drop for PathWriter<'_> {
     }
 }
 
-/// The THP advice for new mappings under the current policy.
-pub(crate) fn thp_advice() -> Option<bool> {
+/// The THP advice for a new mapping under the current policy;
+/// `large_block`: the mapping holds one large block beyond a segment.
+pub(crate) fn thp_advice(large_block: bool) -> Option<bool> {
     match get(Opt::Thp) {
         THP_ALWAYS => Some(true),
         THP_NEVER => Some(false),
+        THP_LARGE if large_block => Some(true),
         _ => None,
     }
 }
@@ -907,6 +914,7 @@ mod tests {
         assert_eq!(parse_thp(b"always"), Some(THP_ALWAYS));
         assert_eq!(parse_thp(b"never"), Some(THP_NEVER));
         assert_eq!(parse_thp(b"system"), Some(THP_SYSTEM));
+        assert_eq!(parse_thp(b"large"), Some(THP_LARGE));
         assert_eq!(parse_thp(b"on"), None);
     }
 

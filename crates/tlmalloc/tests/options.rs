@@ -114,7 +114,7 @@ fn good_value_is_applied_silently() {
     );
     assert_eq!(
         child_value(&out, "TLMALLOC_THP"),
-        ("system".into(), "default".into())
+        ("large".into(), "default".into())
     );
 }
 
@@ -282,7 +282,8 @@ fn set_by_name_parses_like_the_environment() {
     );
     assert_eq!(options::set_by_name(b"thp", b"NEVER"), Ok(()));
     assert_eq!(options::get(Opt::Thp), options::THP_NEVER);
-    assert_eq!(options::set_by_name(b"thp", b"system"), Ok(()));
+    assert_eq!(options::set_by_name(b"thp", b"large"), Ok(()));
+    assert_eq!(options::get(Opt::Thp), options::THP_LARGE);
 
     // A bad value changes nothing.
     assert_eq!(

@@ -1,0 +1,147 @@
+//! Transparent huge pages (`TLMALLOC_THP`): under the default policy,
+//! `large`, exactly the mappings of large blocks beyond one segment are
+//! advised `MADV_HUGEPAGE` — fresh, grown in place and moved by `realloc` —
+//! and nothing that holds small blocks; `system` advises nothing.
+//!
+//! The advice is read back from the kernel: `/proc/self/smaps` lists
+//! `hg` in the `VmFlags` of a mapping advised `MADV_HUGEPAGE`, whatever
+//! the system-wide THP setting. A kernel without THP has no
+//! `/sys/kernel/mm/transparent_hugepage` and rejects the advice: the tests
+//! then only print that they were skipped.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+
+use common::{malloc, serial, OptRestore, MIB};
+use tlmalloc::options::{self, Opt, THP_LARGE, THP_SYSTEM};
+
+/// The `VmFlags` of the mapping that contains `addr`.
+fn vm_flags(addr: usize) -> Vec<String> {
+    let smaps = fs::read_to_string("/proc/self/smaps").expect("read /proc/self/smaps");
+    let mut inside = false;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((lo, hi)) = first.split_once('-') {
+            if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+            {
+                inside = lo <= addr && addr < hi;
+                continue;
+            }
+        }
+        if inside {
+            if let Some(flags) = line.strip_prefix("VmFlags:") {
+                return flags.split_whitespace().map(String::from).collect();
+            }
+        }
+    }
+    panic!("no mapping in /proc/self/smaps contains {addr:#x}");
+}
+
+fn advised_huge(p: *mut u8) -> bool {
+    vm_flags(p as usize).iter().any(|f| f == "hg")
+}
+
+fn kernel_has_thp() -> bool {
+    let present = Path::new("/sys/kernel/mm/transparent_hugepage").exists();
+    if !present {
+        println!("skipped: this kernel has no transparent huge pages");
+    }
+    present
+}
+
+/// Write every page of `[p, p + len)` (so the mapping is in use).
+fn touch(p: *mut u8, len: usize) {
+    for i in (0..len).step_by(4096) {
+        // SAFETY: `p` holds at least `len` bytes.
+        unsafe { *p.add(i) = 0x5A };
+    }
+}
+
+#[test]
+fn default_policy_advises_large_blocks_beyond_a_segment_only() {
+    let _s = serial();
+    let _o = OptRestore::save(&[Opt::Thp]);
+    assert_eq!(options::get(Opt::Thp), THP_LARGE, "`large` is the default");
+    if !kernel_has_thp() {
+        return;
+    }
+    let small = malloc(64);
+    let medium = malloc(100 * 1024);
+    let segment_sized = malloc(MIB); // a large block in a standard segment
+    let big = malloc(16 * MIB);
+    touch(big, 16 * MIB);
+    assert!(
+        advised_huge(big),
+        "a 16 MiB block is not advised huge pages"
+    );
+    for (what, p) in [
+        ("a 64-byte block's segment", small),
+        ("a 100 KiB block's segment", medium),
+        ("a 1 MiB block's segment", segment_sized),
+    ] {
+        assert!(!advised_huge(p), "{what} is advised huge pages");
+    }
+    // SAFETY: live blocks of this test, freed once.
+    unsafe {
+        tlmalloc::free(small);
+        tlmalloc::free(medium);
+        tlmalloc::free(segment_sized);
+        tlmalloc::free(big);
+    }
+    tlmalloc::collect();
+}
+
+#[test]
+fn blocks_grown_by_realloc_are_advised() {
+    let _s = serial();
+    let _o = OptRestore::save(&[Opt::Thp]);
+    if !kernel_has_thp() {
+        return;
+    }
+    // From a standard segment (no advice) to beyond one: grown in place or
+    // moved, the block's new mapping carries the advice.
+    let p = malloc(MIB);
+    touch(p, MIB);
+    assert!(!advised_huge(p));
+    // SAFETY: `p` is live; the result replaces it.
+    let q = unsafe { tlmalloc::realloc(p, 24 * MIB) };
+    assert!(!q.is_null());
+    touch(q, 24 * MIB);
+    assert!(
+        advised_huge(q),
+        "a block grown to 24 MiB is not advised huge pages"
+    );
+    // SAFETY: as above.
+    let r = unsafe { tlmalloc::realloc(q, 72 * MIB) };
+    assert!(!r.is_null());
+    touch(r, 72 * MIB);
+    assert!(
+        advised_huge(r),
+        "a block grown to 72 MiB is not advised huge pages"
+    );
+    // SAFETY: live, freed once.
+    unsafe { tlmalloc::free(r) };
+    tlmalloc::collect();
+}
+
+#[test]
+fn system_policy_advises_nothing() {
+    let _s = serial();
+    let _o = OptRestore::save(&[Opt::Thp]);
+    if !kernel_has_thp() {
+        return;
+    }
+    options::set(Opt::Thp, THP_SYSTEM);
+    // A size no earlier test cached, so the block is mapped anew.
+    let p = malloc(40 * MIB);
+    touch(p, 40 * MIB);
+    assert!(
+        !advised_huge(p),
+        "TLMALLOC_THP=system, yet a new 40 MiB block is advised huge pages"
+    );
+    // SAFETY: live, freed once.
+    unsafe { tlmalloc::free(p) };
+    tlmalloc::collect();
+}
