@@ -19,7 +19,7 @@ use std::sync::{Arc, Barrier, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{malloc, mib, OptRestore, Rng, KIB, MIB};
+use common::{malloc, mib, touch_pages, OptRestore, Rng, KIB, MIB};
 use tlmalloc::config::{LARGE_CACHE_SIZE_MAX, OS_PAGE_SIZE, SEGMENT_CACHE_SLOTS, SEGMENT_SIZE};
 use tlmalloc::large_cache::LOCAL_SLOTS;
 use tlmalloc::options::{self, Opt};
@@ -200,7 +200,7 @@ fn smaller_requests_reuse_a_cached_block_and_give_the_excess_back() {
     // excess is neither resident nor reserved any more.
     tlmalloc::collect();
     let big = malloc(32 * MIB);
-    touch(big, 32 * MIB);
+    touch_pages(big, 32 * MIB);
     free(big);
     assert!(large_cache_stats().local_bytes >= 32 * MIB);
     let before = os_stats();
@@ -221,14 +221,14 @@ fn smaller_requests_reuse_a_cached_block_and_give_the_excess_back() {
         before.reserved_bytes,
         after.reserved_bytes
     );
-    touch(q, 5 * MIB);
+    touch_pages(q, 5 * MIB);
     free(q);
 
     // With no cached block large enough, the largest cached one grows
     // (`mremap`): no new mapping of the whole size.
     tlmalloc::collect();
     let small = malloc(2 * MIB);
-    touch(small, 2 * MIB);
+    touch_pages(small, 2 * MIB);
     free(small);
     let before = os_stats();
     let q = malloc(12 * MIB);
@@ -249,14 +249,6 @@ fn smaller_requests_reuse_a_cached_block_and_give_the_excess_back() {
     }
     free(q);
     tlmalloc::collect();
-}
-
-/// Write a pattern over the first `len` bytes of `p` (one byte per OS page).
-fn touch(p: *mut u8, len: usize) {
-    for i in (0..len).step_by(4096) {
-        // SAFETY: `p` holds at least `len` bytes.
-        unsafe { *p.add(i) = 0xA5 };
-    }
 }
 
 // ---------------------------------------------------------------------------

@@ -11,21 +11,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{format_curve, malloc, mib, rss, serial, OptRestore, Rng, MIB, PAGE};
+use common::{format_curve, malloc, mib, rss, serial, touch_pages, OptRestore, Rng, MIB};
 use tlmalloc::options::{self, Opt};
 use tlmalloc::stats::os_stats;
-
-/// Write one byte in every page of `[p, p + size)`.
-fn touch(p: *mut u8, size: usize) {
-    let mut off = 0;
-    while off < size {
-        // SAFETY: inside a live block of `size` bytes.
-        unsafe { *p.add(off) = 1 };
-        off += PAGE;
-    }
-    // SAFETY: as above.
-    unsafe { *p.add(size - 1) = 1 };
-}
 
 /// Allocate and touch `large` bytes in 1 MiB and 4 MiB blocks and `small`
 /// bytes in 16 B ..= 2 KiB blocks; return them all.
@@ -36,7 +24,7 @@ fn burst(large: usize, small: usize, ptrs: &mut Vec<usize>, rng: &mut Rng) {
         let size = if i % 2 == 0 { MIB } else { 4 * MIB };
         i += 1;
         let p = malloc(size);
-        touch(p, size);
+        touch_pages(p, size);
         ptrs.push(p as usize);
         bytes += size;
     }

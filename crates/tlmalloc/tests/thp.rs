@@ -14,7 +14,7 @@ mod common;
 use std::fs;
 use std::path::Path;
 
-use common::{malloc, serial, OptRestore, MIB};
+use common::{malloc, serial, touch_pages, OptRestore, MIB};
 use tlmalloc::options::{self, Opt, THP_LARGE, THP_SYSTEM};
 
 /// The `VmFlags` of the mapping that contains `addr`.
@@ -51,14 +51,6 @@ fn kernel_has_thp() -> bool {
     present
 }
 
-/// Write every page of `[p, p + len)` (so the mapping is in use).
-fn touch(p: *mut u8, len: usize) {
-    for i in (0..len).step_by(4096) {
-        // SAFETY: `p` holds at least `len` bytes.
-        unsafe { *p.add(i) = 0x5A };
-    }
-}
-
 #[test]
 fn default_policy_advises_large_blocks_beyond_a_segment_only() {
     let _s = serial();
@@ -71,7 +63,7 @@ fn default_policy_advises_large_blocks_beyond_a_segment_only() {
     let medium = malloc(100 * 1024);
     let segment_sized = malloc(MIB); // a large block in a standard segment
     let big = malloc(16 * MIB);
-    touch(big, 16 * MIB);
+    touch_pages(big, 16 * MIB);
     assert!(
         advised_huge(big),
         "a 16 MiB block is not advised huge pages"
@@ -103,12 +95,12 @@ fn blocks_grown_by_realloc_are_advised() {
     // From a standard segment (no advice) to beyond one: grown in place or
     // moved, the block's new mapping carries the advice.
     let p = malloc(MIB);
-    touch(p, MIB);
+    touch_pages(p, MIB);
     assert!(!advised_huge(p));
     // SAFETY: `p` is live; the result replaces it.
     let q = unsafe { tlmalloc::realloc(p, 24 * MIB) };
     assert!(!q.is_null());
-    touch(q, 24 * MIB);
+    touch_pages(q, 24 * MIB);
     assert!(
         advised_huge(q),
         "a block grown to 24 MiB is not advised huge pages"
@@ -116,7 +108,7 @@ fn blocks_grown_by_realloc_are_advised() {
     // SAFETY: as above.
     let r = unsafe { tlmalloc::realloc(q, 72 * MIB) };
     assert!(!r.is_null());
-    touch(r, 72 * MIB);
+    touch_pages(r, 72 * MIB);
     assert!(
         advised_huge(r),
         "a block grown to 72 MiB is not advised huge pages"
@@ -136,7 +128,7 @@ fn system_policy_advises_nothing() {
     options::set(Opt::Thp, THP_SYSTEM);
     // A size no earlier test cached, so the block is mapped anew.
     let p = malloc(40 * MIB);
-    touch(p, 40 * MIB);
+    touch_pages(p, 40 * MIB);
     assert!(
         !advised_huge(p),
         "TLMALLOC_THP=system, yet a new 40 MiB block is advised huge pages"

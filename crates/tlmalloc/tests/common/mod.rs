@@ -66,6 +66,20 @@ pub fn malloc(size: usize) -> *mut u8 {
     p
 }
 
+/// Write one byte in every OS page of `[p, p + len)`, and its last byte:
+/// the block's memory becomes resident.
+#[allow(dead_code)] // not every test binary touches pages
+pub fn touch_pages(p: *mut u8, len: usize) {
+    for i in (0..len).step_by(4096) {
+        // SAFETY: the caller's block holds at least `len` bytes.
+        unsafe { *p.add(i) = 0xA5 };
+    }
+    if len > 0 {
+        // SAFETY: as above.
+        unsafe { *p.add(len - 1) = 0xA5 };
+    }
+}
+
 /// The offsets of a block of `len` bytes a test pattern covers: all of a
 /// small block, the first and last 32 KiB of a large one (touched, not all
 /// made resident).
