@@ -30,8 +30,12 @@
 
 use crate::list::List;
 use crate::lock::SpinLock;
-use crate::segment::Segment;
+use crate::segment::{Segment, SegmentKind};
 use crate::sync::{const_unless_loom, AtomicUsize, Ordering};
+
+/// Segments an adoption looks at for one of the kind it needs: the lock is
+/// held meanwhile, so the search is bounded.
+const ADOPT_SCAN_MAX: usize = 16;
 
 /// The abandoned segments, linked through `Segment::links`.
 ///
@@ -185,14 +189,28 @@ impl Abandoned {
         list.len
     }
 
-    /// Take one abandoned segment and make `new_owner` its owner (step 2), or null.
-    pub fn adopt(&self, new_owner: usize) -> *mut Segment {
+    /// Take one abandoned segment (of `kind` when given: the most recently
+    /// abandoned one among the first [`ADOPT_SCAN_MAX`]) and make
+    /// `new_owner` its owner (step 2), or null.
+    pub fn adopt(&self, new_owner: usize, kind: Option<SegmentKind>) -> *mut Segment {
         let segment = {
             let mut list = self.list.lock();
+            let mut segment = list.segments.first();
+            let mut looked = 0;
             // SAFETY: the lock is held; the list's segments are live.
-            let Some(segment) = (unsafe { list.segments.pop_front() }) else {
+            while !segment.is_null() && kind.is_some_and(|k| unsafe { (*segment).kind } != k) {
+                looked += 1;
+                if looked == ADOPT_SCAN_MAX {
+                    return core::ptr::null_mut();
+                }
+                // SAFETY: as above.
+                segment = unsafe { List::next(segment) };
+            }
+            if segment.is_null() {
                 return core::ptr::null_mut();
-            };
+            }
+            // SAFETY: on the list, under the lock.
+            unsafe { list.segments.remove(segment) };
             // SAFETY: popped under the lock: a live segment.
             unsafe { (*segment).abandoned.store(false, Ordering::Relaxed) };
             list.len -= 1;

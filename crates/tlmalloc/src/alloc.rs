@@ -13,9 +13,7 @@ use crate::config::{
 };
 use crate::counters;
 use crate::handover;
-use crate::heap::{
-    thread_heap, HeapKind, HeapState, ThreadHeap, LIST_MEDIUM_AVAIL, LIST_SMALL_AVAIL, PROCESS_HEAP,
-};
+use crate::heap::{avail_list, thread_heap, HeapKind, HeapState, ThreadHeap, PROCESS_HEAP};
 use crate::init::{init_thread_heap, thread_heap_or_init};
 use crate::large::{self, Origin};
 use crate::large_cache::LocalLargeCache;
@@ -272,6 +270,15 @@ unsafe fn refill_from_local_frees(heap: &ThreadHeap, page: *mut Page, class: usi
     }
 }
 
+/// The kind of segment pages of `class` live in.
+fn segment_kind_of(class: usize) -> SegmentKind {
+    if class < FIRST_MEDIUM_CLASS {
+        SegmentKind::Small
+    } else {
+        SegmentKind::Medium
+    }
+}
+
 /// A page of `class` with a free block (or, `[untouched]`, a block to hand
 /// out unwritten), at the front of its queue, or null when the OS has no memory.
 #[inline(never)]
@@ -281,7 +288,15 @@ fn find_page(heap: &ThreadHeap, state: &mut HeapState, class: usize) -> *mut Pag
     }
     // The process heap serves rare allocations of exiting threads: it
     // adopts nothing, or what it adopted would sit there uncollected.
-    if heap.kind() == HeapKind::Thread && ABANDONED.maybe_nonempty() && handover::adopt(heap, state)
+    // Only a heap with no room of its own for a fresh page of this kind
+    // adopts, and then a segment of that kind: taking over every abandoned
+    // segment would spread the heap's new blocks over all of them, so none
+    // of them ever empties (`thread-recreate`, larson).
+    let kind = segment_kind_of(class);
+    if heap.kind() == HeapKind::Thread
+        && ABANDONED.maybe_nonempty()
+        && state.segments_first(avail_list(kind)).is_null()
+        && handover::adopt(heap, state, Some(kind))
     {
         if let Some(page) = scan_queue(state, class) {
             return page;
@@ -335,11 +350,8 @@ fn scan_queue(state: &mut HeapState, class: usize) -> Option<*mut Page> {
 #[cold]
 #[inline(never)]
 fn fresh_page(heap: &ThreadHeap, state: &mut HeapState, class: usize) -> *mut Page {
-    let (kind, list) = if class < FIRST_MEDIUM_CLASS {
-        (SegmentKind::Small, LIST_SMALL_AVAIL)
-    } else {
-        (SegmentKind::Medium, LIST_MEDIUM_AVAIL)
-    };
+    let kind = segment_kind_of(class);
+    let list = avail_list(kind);
     let mut segment = state.segments_first(list);
     if segment.is_null() {
         segment = arena::segment_alloc(kind);

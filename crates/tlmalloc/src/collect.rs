@@ -21,7 +21,7 @@ pub fn collect() {
         if (*heap).kind() == HeapKind::Thread {
             let was = (*heap).begin_change();
             let state = (*heap).state();
-            while ABANDONED.maybe_nonempty() && handover::adopt(heap, state) {}
+            while ABANDONED.maybe_nonempty() && handover::adopt(heap, state, None) {}
             sweep(state);
             state.purge_owned(os::now_ms(), PurgePolicy::current(), true);
             (*heap).end_change(was);

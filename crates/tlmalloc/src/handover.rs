@@ -17,7 +17,7 @@ use crate::large;
 use crate::large_cache::SHARED;
 use crate::page::Page;
 use crate::registry;
-use crate::segment::Segment;
+use crate::segment::{Segment, SegmentKind};
 use crate::size_class::CLASS_COUNT;
 
 /// The pthread-key destructor (`os::register_thread_exit`): hand the
@@ -99,13 +99,13 @@ unsafe fn release_empty_pages(segment: *mut Segment) -> bool {
     }
 }
 
-/// Take over one abandoned segment for the heap at `heap` (whose state is
-/// `state`): collect its pages, release what is empty, queue the rest.
-/// Returns false when there was none.
+/// Take over one abandoned segment (of `kind`, when given) for the heap at
+/// `heap` (whose state is `state`): collect its pages, release what is
+/// empty, queue the rest. Returns false when there was none.
 #[cold]
 #[inline(never)]
-pub fn adopt(heap: *const ThreadHeap, state: &mut HeapState) -> bool {
-    let segment = ABANDONED.adopt(heap as usize);
+pub fn adopt(heap: *const ThreadHeap, state: &mut HeapState, kind: Option<SegmentKind>) -> bool {
+    let segment = ABANDONED.adopt(heap as usize, kind);
     if segment.is_null() {
         return false;
     }

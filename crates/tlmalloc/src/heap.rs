@@ -58,7 +58,7 @@ pub const LIST_FULL: u8 = 2;
 pub const LIST_COUNT: usize = 3;
 
 /// The list a segment of `kind` with a free slot belongs on.
-fn avail_list(kind: SegmentKind) -> u8 {
+pub(crate) fn avail_list(kind: SegmentKind) -> u8 {
     if kind == SegmentKind::Small {
         LIST_SMALL_AVAIL
     } else {

@@ -199,12 +199,12 @@ fn thread_exit_races_remote_free_and_adoption() {
         // A live thread tries to adopt while the owner may still be exiting;
         // if the segment is not there yet, it tries again after the exit.
         let mut exiting = Some(exiting);
-        let mut adopted = abandoned.adopt(ADOPTER);
+        let mut adopted = abandoned.adopt(ADOPTER, None);
         let mut released_at_exit = false;
         if adopted.is_null() {
             let empty = exiting.take().unwrap().join().unwrap();
             released_at_exit = empty != 0;
-            adopted = abandoned.adopt(ADOPTER);
+            adopted = abandoned.adopt(ADOPTER, None);
         }
         if released_at_exit {
             // The remote free landed before the exit collected: the page was
@@ -230,7 +230,7 @@ fn thread_exit_races_remote_free_and_adoption() {
         s.pages[0].collect_local();
         assert_eq!(s.pages[0].used, 0);
         assert_eq!(free_list(&s.pages[0]), handed.iter().copied().collect());
-        assert!(abandoned.adopt(ADOPTER).is_null());
+        assert!(abandoned.adopt(ADOPTER, None).is_null());
     });
 }
 
@@ -296,7 +296,7 @@ fn last_free_of_abandoned_segment_races_adoption() {
 
         // A live heap adopts meanwhile, as `handover::adopt` does.
         let mut released = 0;
-        let adopted = abandoned.adopt(ADOPTER);
+        let adopted = abandoned.adopt(ADOPTER, None);
         if !adopted.is_null() {
             // SAFETY: adopted: ours now.
             if unsafe { (*adopted).collect_remote_frees() } != 0 {
@@ -312,7 +312,7 @@ fn last_free_of_abandoned_segment_races_adoption() {
             // Left to its holder: the adopter, or the list (for a later
             // adoption or the purger). Every block is back by now.
             let holder = if adopted.is_null() {
-                abandoned.adopt(ADOPTER)
+                abandoned.adopt(ADOPTER, None)
             } else {
                 adopted
             };
@@ -321,7 +321,7 @@ fn last_free_of_abandoned_segment_races_adoption() {
             let s = unsafe { &mut *holder };
             assert_eq!(s.collect_remote_frees(), 1);
         }
-        assert!(abandoned.adopt(ADOPTER).is_null());
+        assert!(abandoned.adopt(ADOPTER, None).is_null());
     });
 }
 
