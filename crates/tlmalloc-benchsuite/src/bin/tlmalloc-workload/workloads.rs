@@ -21,9 +21,9 @@
 use std::hint::black_box;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Barrier;
 use std::sync::OnceLock;
-use std::thread::{JoinHandle, Thread};
+use std::sync::{Barrier, Condvar, Mutex};
+use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use crate::sys::{
@@ -903,14 +903,17 @@ fn server_mode(p: &Params) {
 static LARSON_STOP: AtomicBool = AtomicBool::new(false);
 static LARSON_OPS: AtomicU64 = AtomicU64::new(0);
 static LARSON_THREADS: AtomicU64 = AtomicU64::new(0);
+/// The arrays the last thread of each chain hands back once stopped.
+static LARSON_DONE: Mutex<Vec<Blocks>> = Mutex::new(Vec::new());
+static LARSON_DONE_CV: Condvar = Condvar::new();
 
-/// What a larson thread leaves: its successor, or the blocks once stopped.
-enum Step {
-    Next(JoinHandle<Step>),
-    Done(Blocks),
-}
-
-fn larson_thread(mut blocks: Blocks, mut rng: Rng, lifetime: u64) -> Step {
+/// One larson thread: replace random blocks of the array it inherited
+/// `lifetime` times, then hand the array to a new thread and exit. Every
+/// thread is detached, so an exited one is reaped at once: joining the
+/// chains from the main thread would keep thousands of exited threads'
+/// stacks around until the end, and the peak RSS would measure those
+/// (more of them the faster the allocator) instead of the allocator.
+fn larson_thread(mut blocks: Blocks, mut rng: Rng, lifetime: u64) {
     LARSON_THREADS.fetch_add(1, Ordering::Relaxed);
     let n = blocks.0.len() as u64;
     let mut ops = 0u64;
@@ -928,13 +931,25 @@ fn larson_thread(mut blocks: Blocks, mut rng: Rng, lifetime: u64) -> Step {
     }
     LARSON_OPS.fetch_add(ops, Ordering::Relaxed);
     if LARSON_STOP.load(Ordering::Relaxed) {
-        Step::Done(blocks)
+        lock(&LARSON_DONE).push(blocks);
+        LARSON_DONE_CV.notify_all();
     } else {
         let seed = rng.next();
-        Step::Next(std::thread::spawn(move || {
-            larson_thread(blocks, Rng::new(seed), lifetime)
-        }))
+        spawn_detached(move || larson_thread(blocks, Rng::new(seed), lifetime));
     }
+}
+
+/// Start `f` on a thread nobody joins.
+fn spawn_detached(f: impl FnOnce() + Send + 'static) {
+    let spawned = std::thread::Builder::new().spawn(f);
+    if spawned.is_err() {
+        eprintln!("tlmalloc-workload: larson could not start a thread");
+        std::process::exit(4);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn larson(p: &Params) {
@@ -944,6 +959,7 @@ fn larson(p: &Params) {
     LARSON_STOP.store(false, Ordering::Relaxed);
     LARSON_OPS.store(0, Ordering::Relaxed);
     LARSON_THREADS.store(0, Ordering::Relaxed);
+    lock(&LARSON_DONE).clear();
     let mut rng = Rng::new(p.seed);
     // The main thread allocates the first blocks (as larson's warm-up does).
     let sets: Vec<Blocks> = (0..p.threads)
@@ -958,28 +974,19 @@ fn larson(p: &Params) {
     let seeds: Vec<u64> = (0..p.threads).map(|_| rng.next()).collect();
     reset_peak_rss();
     let start = Instant::now();
-    let mut chains: Vec<JoinHandle<Step>> = Vec::with_capacity(p.threads);
     for (blocks, seed) in sets.into_iter().zip(seeds) {
         let lifetime = p.lifetime;
-        chains.push(std::thread::spawn(move || {
-            larson_thread(blocks, Rng::new(seed), lifetime)
-        }));
+        spawn_detached(move || larson_thread(blocks, Rng::new(seed), lifetime));
     }
     std::thread::sleep(p.duration());
     LARSON_STOP.store(true, Ordering::Relaxed);
-    let mut left = Vec::new();
-    for mut handle in chains {
-        loop {
-            match handle.join() {
-                Ok(Step::Next(next)) => handle = next,
-                Ok(Step::Done(blocks)) => {
-                    left.push(blocks);
-                    break;
-                }
-                Err(_) => std::process::exit(4),
-            }
+    let left = {
+        let mut done = lock(&LARSON_DONE);
+        while done.len() < p.threads {
+            done = LARSON_DONE_CV.wait(done).unwrap_or_else(|e| e.into_inner());
         }
-    }
+        std::mem::take(&mut *done)
+    };
     let secs = start.elapsed().as_secs_f64();
     let ops = LARSON_OPS.load(Ordering::Relaxed);
     let mut metrics = standard_metrics(ops, secs, Vec::new(), &timer);
