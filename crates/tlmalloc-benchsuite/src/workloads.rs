@@ -303,7 +303,7 @@ pub const WORKLOADS: &[Workload] = &[
     Workload {
         name: "server",
         family: Family::CrossThread,
-        about: "`mode=server` (rptest-like): long-lived threads replace random blocks of 8 B–16 KiB in a 2000-block live set, 20 % of the old blocks freed by another thread through its inbox (with one thread, all freed locally); `mode=larson` (the handover churn): the larson server simulation (1000 blocks of 16–1000 B per client slot, each thread replaces blocks of the array it inherited 10 000 times, hands the array to a new successor thread and exits; thread creation is part of it).",
+        about: "`mode=server` (rptest-like): long-lived threads replace random blocks of 8 B–16 KiB in a 2000-block live set, 20 % of the old blocks freed by another thread through its inbox (with one thread, all freed locally); `mode=larson` (the handover churn): the larson server simulation (1000 blocks of 16–1000 B per client slot, each thread replaces blocks of the array it inherited 10 000 times, hands the array to a new successor thread and exits; thread creation is part of it, and every thread is detached, so an exited one is reaped at once and peak RSS measures the allocator, not unjoined stacks).",
         threaded: true,
         min_threads: 1,
         headline: &["mops", "p99_ns", "peak_rss_kib", "rss_after_free_kib"],
