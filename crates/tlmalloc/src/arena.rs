@@ -185,6 +185,13 @@ fn map_with(size: usize, align: usize, large_block: bool) -> *mut u8 {
     p
 }
 
+/// Whether the THP policy advises the mappings of large blocks beyond a
+/// segment differently from segments (`large`): such a mapping must never
+/// become a cached standard segment, whose next use may be small blocks.
+pub fn large_blocks_advised_apart() -> bool {
+    options::thp_advice(true) != options::thp_advice(false)
+}
+
 /// A large block's mapping `[p, p + size)`, just grown in place: the whole
 /// of it gets the THP advice of [`map_large_block`] (advice only, so a
 /// wrong range changes no memory).

@@ -541,8 +541,17 @@ unsafe fn give_back_excess(segment: *mut Segment, p: *mut u8, usable: usize, sla
         let offset = p as usize - segment as usize;
         let need = round_up(offset + usable, OS_PAGE_SIZE).unwrap_or(usize::MAX);
         let map_size = (*segment).map_size;
-        // (With `secure`, the mapping's last page stays a guard.)
-        let keep = need.saturating_add(LARGE_GUARD).max(SEGMENT_SIZE);
+        // (With `secure`, the mapping's last page stays a guard.) A mapping
+        // beyond a segment carries the huge-page advice of large blocks
+        // (`arena::map_large_block`), which cannot be taken back: cut down
+        // to a standard segment it could reach the segment cache and hold
+        // small blocks, so under that policy it stays a page longer.
+        let floor = if arena::large_blocks_advised_apart() {
+            SEGMENT_SIZE + OS_PAGE_SIZE
+        } else {
+            SEGMENT_SIZE
+        };
+        let keep = need.saturating_add(LARGE_GUARD).max(floor);
         if map_size > keep && map_size - keep > slack && (*segment).map_base == segment.cast() {
             arena::unmap(segment.cast::<u8>().add(keep), map_size - keep);
             (*segment).map_size = keep;

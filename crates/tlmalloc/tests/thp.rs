@@ -15,28 +15,35 @@ use std::fs;
 use std::path::Path;
 
 use common::{malloc, serial, touch_pages, OptRestore, MIB};
+use tlmalloc::config::{OS_PAGE_SIZE, SEGMENT_SIZE};
 use tlmalloc::options::{self, Opt, THP_LARGE, THP_SYSTEM};
 
-/// The `VmFlags` of the mapping that contains `addr`.
-fn vm_flags(addr: usize) -> Vec<String> {
+/// The mapping that contains `addr`: its range and `VmFlags`, or None.
+fn mapping_of(addr: usize) -> Option<(usize, usize, Vec<String>)> {
     let smaps = fs::read_to_string("/proc/self/smaps").expect("read /proc/self/smaps");
-    let mut inside = false;
+    let mut range = None;
     for line in smaps.lines() {
         let first = line.split_whitespace().next().unwrap_or("");
         if let Some((lo, hi)) = first.split_once('-') {
             if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
             {
-                inside = lo <= addr && addr < hi;
+                range = (lo <= addr && addr < hi).then_some((lo, hi));
                 continue;
             }
         }
-        if inside {
-            if let Some(flags) = line.strip_prefix("VmFlags:") {
-                return flags.split_whitespace().map(String::from).collect();
-            }
+        if let (Some((lo, hi)), Some(flags)) = (range, line.strip_prefix("VmFlags:")) {
+            return Some((lo, hi, flags.split_whitespace().map(String::from).collect()));
         }
     }
-    panic!("no mapping in /proc/self/smaps contains {addr:#x}");
+    None
+}
+
+/// The `VmFlags` of the mapping that contains `addr`.
+fn vm_flags(addr: usize) -> Vec<String> {
+    match mapping_of(addr) {
+        Some((_, _, flags)) => flags,
+        None => panic!("no mapping in /proc/self/smaps contains {addr:#x}"),
+    }
 }
 
 fn advised_huge(p: *mut u8) -> bool {
@@ -116,6 +123,44 @@ fn blocks_grown_by_realloc_are_advised() {
     // SAFETY: live, freed once.
     unsafe { tlmalloc::free(r) };
     tlmalloc::collect();
+}
+
+#[test]
+fn an_advised_block_cut_down_never_becomes_a_standard_segment() {
+    let _s = serial();
+    let _o = OptRestore::save(&[Opt::Thp]);
+    if !kernel_has_thp() {
+        return;
+    }
+    tlmalloc::collect();
+    // A 48 MiB block (advised), cached, then reused for 1 MiB: its mapping
+    // is cut, but to a page more than a segment, so that once released it
+    // is unmapped rather than cached as a segment small blocks may get.
+    let big = malloc(48 * MIB);
+    touch_pages(big, 48 * MIB);
+    // SAFETY: live, freed once.
+    unsafe { tlmalloc::free(big) };
+    let q = malloc(MIB);
+    assert_eq!(q, big, "the 1 MiB request did not reuse the cached block");
+    let segment = q as usize & !(SEGMENT_SIZE - 1);
+    let (lo, hi, flags) = mapping_of(segment).expect("the block's segment is mapped");
+    assert!(
+        flags.iter().any(|f| f == "hg"),
+        "the cut block lost its advice"
+    );
+    assert!(
+        lo <= segment && hi - segment == SEGMENT_SIZE + OS_PAGE_SIZE,
+        "the cut mapping is {:#x}..{hi:#x} for a segment at {segment:#x}: not one page past a segment",
+        lo
+    );
+    // SAFETY: live, freed once.
+    unsafe { tlmalloc::free(q) };
+    tlmalloc::collect();
+    let left = mapping_of(segment).filter(|(_, _, f)| f.iter().any(|x| x == "hg"));
+    assert!(
+        left.is_none(),
+        "the released advised mapping is still there: {left:?}"
+    );
 }
 
 #[test]
