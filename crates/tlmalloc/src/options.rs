@@ -9,7 +9,7 @@
 //! | `TLMALLOC_PURGE_MODE` | `dontneed` | word | `dontneed` (`MADV_DONTNEED`: RSS drops at once, pages read back zero) or `free` (`MADV_FREE`: the kernel reclaims lazily) |
 //! | `TLMALLOC_LARGE_CACHE_MAX` | `512m` | bytes | the most bytes of freed large blocks kept for reuse: the shared level holds up to twice the live large footprint (at least 8 MiB, at most this), each thread a quarter of that in 8 slots (always one block) |
 //! | `TLMALLOC_MAX_RESERVED` | 0 (none) | bytes | cap on bytes mapped from the OS; a request beyond it gets null |
-//! | `TLMALLOC_THP` | `large` | word | transparent huge pages: `large` (`MADV_HUGEPAGE` on the mappings of large blocks above 4 MiB, nothing else), `system` (no advice: the kernel's setting decides), `always` (`MADV_HUGEPAGE` on segments and large blocks) or `never` (`MADV_NOHUGEPAGE`) |
+//! | `TLMALLOC_THP` | `system` | word | transparent huge pages: `system` (no advice: the kernel's setting decides), `large` (`MADV_HUGEPAGE` on the mappings of large blocks above 4 MiB only; see Known limits), `always` (`MADV_HUGEPAGE` on segments and large blocks) or `never` (`MADV_NOHUGEPAGE`) |
 //! | `TLMALLOC_SHOW_STATS` | `off` | word | print the statistics summary at exit: `1`/`all` in every process, `pid:N` (or a bare `N` ≥ 2) only in process N, `0` in none |
 //! | `TLMALLOC_STATS_JSON` | (none) | path | file the statistics are written to as JSON at exit (at most 255 bytes) |
 //! | `TLMALLOC_BACKGROUND_PURGE` | `on` | bool | a background thread (started when there first is free memory to return) purges idle threads' free pages and every cache on time |
@@ -123,11 +123,11 @@ options! {
     },
     Thp {
         env: "TLMALLOC_THP",
-        default: THP_LARGE,
+        default: THP_SYSTEM,
         unit: "word",
         parse: parse_thp,
         show: show_thp,
-        doc: "transparent huge pages: `large` (MADV_HUGEPAGE on the mappings of large blocks above 4 MiB, nothing else), `system` (no advice), `always` (MADV_HUGEPAGE on every mapping) or `never` (MADV_NOHUGEPAGE)",
+        doc: "transparent huge pages: `system` (no advice: the kernel's setting decides), `large` (MADV_HUGEPAGE on the mappings of large blocks above 4 MiB only), `always` (MADV_HUGEPAGE on every mapping) or `never` (MADV_NOHUGEPAGE)",
     },
     ShowStats {
         env: "TLMALLOC_SHOW_STATS",
@@ -213,8 +213,9 @@ pub const THP_SYSTEM: usize = 0;
 pub const THP_ALWAYS: usize = 1;
 /// `Thp` value: advise against huge pages.
 pub const THP_NEVER: usize = 2;
-/// `Thp` value (the default): advise huge pages for the mappings of large
-/// blocks beyond one segment only.
+/// `Thp` value: advise huge pages for the mappings of large blocks beyond
+/// one segment only (opt-in: faster for big buffers a program fills, dearer
+/// for sparse use and for programs that fork).
 pub const THP_LARGE: usize = 3;
 /// `RtDefault` value: threads enter the kernel when they need to.
 pub const RT_OFF: usize = 0;

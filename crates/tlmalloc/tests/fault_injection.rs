@@ -483,8 +483,7 @@ fn refused_large_purge_keeps_the_decommitted_count() {
     let decommitted = || tlmalloc::stats::os_stats().decommitted_bytes;
     let d0 = decommitted();
     // A 32 MiB block cached, then reused for 1 MiB: its mapping is cut to
-    // 4 MiB (and a page, under the default THP policy) and what it may
-    // have touched inside is purged
+    // the standard 4 MiB and what it may have touched inside is purged
     // (counted decommitted) while the 1 MiB block is live.
     let p = common::malloc(32 * MIB);
     // SAFETY: live blocks of ours, freed once.

@@ -965,17 +965,16 @@ fn accounting_model_child() {
             }
             // A reused block is fitted (`reuse_fitted`): what was purged is
             // counted in use again; a mapping well beyond the need is cut
-            // (never below a standard segment, and under the default THP
-            // policy, `large`, to a page more: a mapping advised huge pages
-            // never becomes a cached segment), and memory touched beyond
-            // the need is purged.
+            // (never below a standard segment; the default THP policy,
+            // `system`, advises no mapping apart), and memory touched
+            // beyond the need is purged.
             let block = model.blocks.get_mut(&p).unwrap();
             if block.at != At::Live {
                 os.decommitted_bytes -= block.decommitted;
                 block.decommitted = 0;
                 let slack = MIB.max(want / 8);
                 let need = (BLOCK_OFFSET + want).next_multiple_of(OS_PAGE_SIZE);
-                let keep = need.max(SEGMENT_SIZE + OS_PAGE_SIZE);
+                let keep = need.max(SEGMENT_SIZE);
                 if block.map > keep && block.map - keep > slack {
                     os.unmap_calls += 1;
                     os.reserved_bytes -= block.map - keep;

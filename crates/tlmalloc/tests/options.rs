@@ -114,7 +114,7 @@ fn good_value_is_applied_silently() {
     );
     assert_eq!(
         child_value(&out, "TLMALLOC_THP"),
-        ("large".into(), "default".into())
+        ("system".into(), "default".into())
     );
 }
 
@@ -284,6 +284,7 @@ fn set_by_name_parses_like_the_environment() {
     assert_eq!(options::get(Opt::Thp), options::THP_NEVER);
     assert_eq!(options::set_by_name(b"thp", b"large"), Ok(()));
     assert_eq!(options::get(Opt::Thp), options::THP_LARGE);
+    assert_eq!(options::set_by_name(b"thp", b"system"), Ok(()));
 
     // A bad value changes nothing.
     assert_eq!(

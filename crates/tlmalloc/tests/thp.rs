@@ -1,7 +1,8 @@
-//! Transparent huge pages (`TLMALLOC_THP`): under the default policy,
+//! Transparent huge pages (`TLMALLOC_THP`): under the opt-in policy
 //! `large`, exactly the mappings of large blocks beyond one segment are
 //! advised `MADV_HUGEPAGE` — fresh, grown in place and moved by `realloc` —
-//! and nothing that holds small blocks; `system` advises nothing.
+//! and nothing that holds small blocks, even after such a block is cut
+//! down; `system`, the default, advises nothing.
 //!
 //! The advice is read back from the kernel: `/proc/self/smaps` lists
 //! `hg` in the `VmFlags` of a mapping advised `MADV_HUGEPAGE`, whatever
@@ -59,13 +60,18 @@ fn kernel_has_thp() -> bool {
 }
 
 #[test]
-fn default_policy_advises_large_blocks_beyond_a_segment_only() {
+fn large_policy_advises_large_blocks_beyond_a_segment_only() {
     let _s = serial();
     let _o = OptRestore::save(&[Opt::Thp]);
-    assert_eq!(options::get(Opt::Thp), THP_LARGE, "`large` is the default");
+    assert_eq!(
+        options::get(Opt::Thp),
+        THP_SYSTEM,
+        "`system` is the default"
+    );
     if !kernel_has_thp() {
         return;
     }
+    options::set(Opt::Thp, THP_LARGE);
     let small = malloc(64);
     let medium = malloc(100 * 1024);
     let segment_sized = malloc(MIB); // a large block in a standard segment
@@ -99,6 +105,7 @@ fn blocks_grown_by_realloc_are_advised() {
     if !kernel_has_thp() {
         return;
     }
+    options::set(Opt::Thp, THP_LARGE);
     // From a standard segment (no advice) to beyond one: grown in place or
     // moved, the block's new mapping carries the advice.
     let p = malloc(MIB);
@@ -132,6 +139,7 @@ fn an_advised_block_cut_down_never_becomes_a_standard_segment() {
     if !kernel_has_thp() {
         return;
     }
+    options::set(Opt::Thp, THP_LARGE);
     tlmalloc::collect();
     // A 48 MiB block (advised), cached, then reused for 1 MiB: its mapping
     // is cut, but to a page more than a segment, so that once released it
@@ -170,7 +178,11 @@ fn system_policy_advises_nothing() {
     if !kernel_has_thp() {
         return;
     }
-    options::set(Opt::Thp, THP_SYSTEM);
+    assert_eq!(
+        options::get(Opt::Thp),
+        THP_SYSTEM,
+        "`system` is the default"
+    );
     // A size no earlier test cached, so the block is mapped anew.
     let p = malloc(40 * MIB);
     touch_pages(p, 40 * MIB);
