@@ -159,11 +159,11 @@ pub fn map_aligned(size: usize, align: usize) -> *mut u8 {
 }
 
 /// As [`map_aligned`], for a mapping that holds one large block beyond a
-/// segment: under the default THP policy (`large`) it is advised huge
-/// pages. Such a block is a buffer the program fills (a fault per 4 KiB
-/// page was most of the time a 5–25 MB buffer loop spent), and the block
-/// is never shared with small blocks whose sparse touches a huge page
-/// would make resident.
+/// segment: under the opt-in THP policy `large` it is advised huge pages.
+/// Such a block is a buffer the program fills (a fault per 4 KiB page was
+/// most of the time a 5–25 MB buffer loop spent), and the block is never
+/// shared with small blocks whose sparse touches a huge page would make
+/// resident.
 pub fn map_large_block(size: usize, align: usize) -> *mut u8 {
     map_with(size, align, true)
 }

@@ -14,6 +14,7 @@ mod common;
 
 use std::fs;
 use std::path::Path;
+use std::sync::MutexGuard;
 
 use common::{malloc, serial, touch_pages, OptRestore, MIB};
 use tlmalloc::config::{OS_PAGE_SIZE, SEGMENT_SIZE};
@@ -59,19 +60,39 @@ fn kernel_has_thp() -> bool {
     present
 }
 
-#[test]
-fn large_policy_advises_large_blocks_beyond_a_segment_only() {
-    let _s = serial();
-    let _o = OptRestore::save(&[Opt::Thp]);
+/// A test's hold on the process-wide policy: the option is restored first,
+/// then the file's lock released (fields drop in this order).
+struct Policy {
+    _restore: OptRestore,
+    _lock: MutexGuard<'static, ()>,
+}
+
+/// Take the file's lock, check that `system` is the default, and set
+/// `TLMALLOC_THP` to `policy` until the result is dropped; None (the test
+/// is skipped) on a kernel without transparent huge pages.
+fn under_policy(policy: usize) -> Option<Policy> {
+    let lock = serial();
+    let restore = OptRestore::save(&[Opt::Thp]);
     assert_eq!(
         options::get(Opt::Thp),
         THP_SYSTEM,
         "`system` is the default"
     );
     if !kernel_has_thp() {
-        return;
+        return None;
     }
-    options::set(Opt::Thp, THP_LARGE);
+    options::set(Opt::Thp, policy);
+    Some(Policy {
+        _restore: restore,
+        _lock: lock,
+    })
+}
+
+#[test]
+fn large_policy_advises_large_blocks_beyond_a_segment_only() {
+    let Some(_policy) = under_policy(THP_LARGE) else {
+        return;
+    };
     let small = malloc(64);
     let medium = malloc(100 * 1024);
     let segment_sized = malloc(MIB); // a large block in a standard segment
@@ -100,12 +121,9 @@ fn large_policy_advises_large_blocks_beyond_a_segment_only() {
 
 #[test]
 fn blocks_grown_by_realloc_are_advised() {
-    let _s = serial();
-    let _o = OptRestore::save(&[Opt::Thp]);
-    if !kernel_has_thp() {
+    let Some(_policy) = under_policy(THP_LARGE) else {
         return;
-    }
-    options::set(Opt::Thp, THP_LARGE);
+    };
     // From a standard segment (no advice) to beyond one: grown in place or
     // moved, the block's new mapping carries the advice.
     let p = malloc(MIB);
@@ -134,12 +152,9 @@ fn blocks_grown_by_realloc_are_advised() {
 
 #[test]
 fn an_advised_block_cut_down_never_becomes_a_standard_segment() {
-    let _s = serial();
-    let _o = OptRestore::save(&[Opt::Thp]);
-    if !kernel_has_thp() {
+    let Some(_policy) = under_policy(THP_LARGE) else {
         return;
-    }
-    options::set(Opt::Thp, THP_LARGE);
+    };
     tlmalloc::collect();
     // A 48 MiB block (advised), cached, then reused for 1 MiB: its mapping
     // is cut, but to a page more than a segment, so that once released it
@@ -173,16 +188,9 @@ fn an_advised_block_cut_down_never_becomes_a_standard_segment() {
 
 #[test]
 fn system_policy_advises_nothing() {
-    let _s = serial();
-    let _o = OptRestore::save(&[Opt::Thp]);
-    if !kernel_has_thp() {
+    let Some(_policy) = under_policy(THP_SYSTEM) else {
         return;
-    }
-    assert_eq!(
-        options::get(Opt::Thp),
-        THP_SYSTEM,
-        "`system` is the default"
-    );
+    };
     // A size no earlier test cached, so the block is mapped anew.
     let p = malloc(40 * MIB);
     touch_pages(p, 40 * MIB);
