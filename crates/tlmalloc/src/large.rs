@@ -629,6 +629,10 @@ pub unsafe fn recycle(
         // A held cache keeps the blocks its thread allocated, any size; a
         // foreign block goes where it would from any other thread.
         let held = local.as_deref().is_some_and(LocalLargeCache::held) && (*segment).rt_kept;
+        // The block being freed was live a moment ago: it counts in the
+        // bound, so a program that frees and reallocates one big buffer
+        // finds it cached whatever the floor (no size cliff).
+        let own_live = own_live.saturating_add((*segment).map_size);
         if cacheable || (held && large_standard(segment)) {
             large_mark_cached(segment, stamp_ms);
             arena::note_purgeable();

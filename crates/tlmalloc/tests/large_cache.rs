@@ -753,7 +753,8 @@ fn accounting_model_child() {
             let a = snap();
             let (mut os, mut lc) = (b.os, b.lc);
 
-            let own_live = model.live_usable() - model.blocks[&p].usable;
+            // The freed block's mapping counts as live in its own bound.
+            let own_live = model.live_usable() - model.blocks[&p].usable + model.blocks[&p].map;
             let bound = model_bound(own_live);
             match bound {
                 MODEL_FLOOR => paths.bound_floor += 1,
