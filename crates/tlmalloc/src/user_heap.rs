@@ -27,7 +27,7 @@ use crate::alloc::{alloc_class, large_alloc, pooled_size};
 use crate::api;
 use crate::arena;
 use crate::collect::sweep;
-use crate::config::SEGMENT_SIZE;
+use crate::config::{SEGMENT_MASK, SEGMENT_SIZE};
 use crate::counters;
 use crate::free::{free_owned, free_trusted};
 use crate::heap::{HeapKind, ThreadHeap, LIST_COUNT};
@@ -123,7 +123,10 @@ impl Heap {
     pub unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
         #[cfg(feature = "check")]
         api::check_size("Heap::dealloc", p, layout.size(), layout.align());
-        if layout.align() >= SEGMENT_SIZE {
+        // Tested on the pointer, not the layout: a block aligned to 4 MiB
+        // or more that `realloc` kept in place comes back with the layout
+        // of its new size, alignment 1, and its header is still below it.
+        if p as usize & SEGMENT_MASK == 0 {
             // SAFETY: forwarded contract; `free` finds headers below blocks.
             unsafe { api::free(p) };
             return;

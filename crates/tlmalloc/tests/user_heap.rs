@@ -436,6 +436,31 @@ fn foreign_blocks_freed_through_a_heap() {
     assert_eq!(after.user_heaps, before.user_heaps);
 }
 
+/// A block aligned to 4 MiB or more that `realloc` kept in place is, from
+/// then on, a block of alignment 1 to its program: freeing it through a
+/// heap with that layout must find its header below the block, not read
+/// the block's own bytes as one. (The model fuzzer found this as
+/// `free(0x…800000): not the start of a block`.)
+#[test]
+fn chunk_aligned_block_resized_in_place_freed_through_a_heap() {
+    let _g = serial_alone();
+    let heap = Heap::new();
+    for align in [4 * MIB, 8 * MIB] {
+        let size = 5 * MIB;
+        let p = tlmalloc::malloc_aligned(size, align);
+        assert!(!p.is_null());
+        assert_eq!(p as usize % align, 0);
+        fill(p, size, 7);
+        // SAFETY: a live block of ours; the same size stays in place.
+        let q = unsafe { tlmalloc::realloc(p, size) };
+        assert_eq!(q, p, "realloc to the same size keeps the block");
+        check(q, size, size, 7, "after realloc in place");
+        let layout = Layout::from_size_align(size, 1).unwrap();
+        // SAFETY: a live block of tlmalloc, of `size` bytes since the realloc.
+        unsafe { heap.dealloc(q, layout) };
+    }
+}
+
 #[test]
 fn realloc_keeps_contents() {
     let _g = serial_alone();
