@@ -123,6 +123,8 @@ impl Heap {
     pub unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
         #[cfg(feature = "check")]
         api::check_size("Heap::dealloc", p, layout.size(), layout.align());
+        #[cfg(not(feature = "check"))]
+        let _ = layout;
         // Tested on the pointer, not the layout: a block aligned to 4 MiB
         // or more that `realloc` kept in place comes back with the layout
         // of its new size, alignment 1, and its header is still below it.
