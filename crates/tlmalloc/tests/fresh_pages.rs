@@ -15,7 +15,7 @@ mod common;
 
 use std::thread;
 
-use common::{malloc, MIB, PAGE};
+use common::{malloc, serial, MIB, PAGE};
 
 #[global_allocator]
 static GLOBAL: tlmalloc::TlMalloc = tlmalloc::TlMalloc;
@@ -36,6 +36,8 @@ fn thread_minor_faults() -> i64 {
 #[test]
 #[cfg_attr(feature = "check", ignore = "check's malloc writes every block")]
 fn malloc_leaves_fresh_pages_to_the_program() {
+    // One test at a time: another's thread exit would fault in this one's counts.
+    let _g = serial();
     let (in_malloc, pages) = thread::spawn(|| {
         // The pointer array is allocated and faulted in before counting.
         let mut ptrs = vec![0usize; BLOCKS];
@@ -60,5 +62,42 @@ fn malloc_leaves_fresh_pages_to_the_program() {
     assert!(
         in_malloc <= (pages / 32) as i64,
         "{in_malloc} page faults inside malloc for {pages} OS pages of fresh blocks"
+    );
+}
+
+/// A fresh page carved to exactly its live blocks (256 blocks of 64 bytes
+/// fill 16 KiB, the least a refill carves) must still be carved further
+/// once the owner frees into it: a free-one-malloc-one loop that got back
+/// the block it had just freed, every time, was refilling from a list of
+/// one block, taking the slow path on every malloc (`fixed` at half speed).
+#[test]
+fn free_one_malloc_one_on_a_page_carved_to_its_live_blocks_circulates_blocks() {
+    const LIVE: usize = 256;
+    const ROUNDS: usize = 4096;
+    let _g = serial();
+    let same = thread::spawn(|| {
+        // The array lives in its own class, carved before the blocks.
+        let mut slots: Vec<*mut u8> = Vec::with_capacity(LIVE);
+        slots.extend((0..LIVE).map(|_| malloc(BLOCK)));
+        let mut same = 0;
+        for round in 0..ROUNDS {
+            let j = (round * 97) % LIVE;
+            // SAFETY: a live block of ours, replaced at once.
+            unsafe { tlmalloc::free(slots[j]) };
+            let q = malloc(BLOCK);
+            same += usize::from(q == slots[j]);
+            slots[j] = q;
+        }
+        for &p in &slots {
+            // SAFETY: live blocks, each freed once.
+            unsafe { tlmalloc::free(p) };
+        }
+        same
+    })
+    .join()
+    .unwrap();
+    assert!(
+        same < ROUNDS / 4,
+        "{same} of {ROUNDS} mallocs returned the block just freed: refills of one block"
     );
 }
