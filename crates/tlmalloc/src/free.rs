@@ -119,9 +119,11 @@ unsafe fn free_local_suspect(heap: &ThreadHeap, p: *mut u8, key: usize) {
     }
 }
 
-/// The last live block of a page came back to its owner: give the page back
-/// to its segment. Never the current page of its class: that one carries the
-/// pin (`[page-accounting]`), so an alloc/free loop on one block never comes here.
+/// The last live block of a page came back to its owner: keep the page
+/// for the next refill of its class for a while (`[retired]`), or give it
+/// back to its segment. Never the current page of its class: that one
+/// carries the pin (`[page-accounting]`), so an alloc/free loop on one
+/// block never comes here.
 ///
 /// Takes the block rather than its page, like [`free_local_suspect`], so
 /// the fast path never has to hold the page's address in a register.
@@ -140,8 +142,9 @@ unsafe fn page_emptied(heap: &ThreadHeap, p: *mut u8) {
     heap.tick_purge();
     let was = heap.begin_change();
     // SAFETY: `[heap-owner]` and `[heap-busy]`: the caller is the heap's
-    // owner, inside a change; the page is its (caller contract).
-    unsafe { heap.state().release_page(page) };
+    // owner, inside a change; the page is its (caller contract), queued
+    // (a page with live blocks is) and not current (it has no pin).
+    unsafe { heap.state().retire_page(page) };
     heap.end_change(was);
     purger::start_if_wanted();
 }

@@ -27,6 +27,7 @@ use crate::lock::SpinLock;
 use crate::os;
 use crate::page::Page;
 use crate::purge::{self, PurgeClock, PurgePolicy};
+use crate::retired_pages::RetiredPages;
 use crate::segment::{Segment, SegmentKind};
 use crate::size_class::{class_size, CLASS_COUNT};
 use crate::sync::{compiler_fence, AtomicBool, Ordering};
@@ -92,6 +93,9 @@ pub struct HeapState {
     pub local_large: LocalLargeCache,
     /// When this heap next purges.
     pub purge: PurgeClock,
+    /// Pages its own frees emptied, kept queued until its next purge pass
+    /// (`[retired]`).
+    retired: RetiredPages,
 }
 
 /// A heap: the pages and segments one thread allocates from.
@@ -192,6 +196,7 @@ impl ThreadHeap {
                 segments: [const { List::new() }; LIST_COUNT],
                 local_large: LocalLargeCache::new(),
                 purge: PurgeClock::new(),
+                retired: RetiredPages::new(),
             }),
             kind,
             counters: HeapCounters::new(),
@@ -415,57 +420,21 @@ impl ThreadHeap {
     }
 }
 
-/// [`HeapState::purge_owned`] on the two parts of a heap's state it
-/// touches, so that the background purger can borrow just those
-/// (`[purge-handshake]`) while the owner's fast paths use the others.
-pub fn purge_parts(
-    segments: &[List<Segment>; LIST_COUNT],
-    local_large: &mut LocalLargeCache,
-    now_ms: u64,
-    policy: PurgePolicy,
-    force: bool,
-) {
-    for list in [LIST_SMALL_AVAIL, LIST_MEDIUM_AVAIL] {
-        let mut segment = segments[list as usize].first();
-        while !segment.is_null() {
-            // SAFETY: `[segment-lists]`: the heap's segments are live and
-            // held by whoever may purge them (the owner, or the purger
-            // under the handshake).
-            unsafe {
-                purge::purge_dirty_pages(&mut *segment, now_ms, policy, force);
-                segment = List::next(segment);
-            }
-        }
-    }
-    purge::purge_local_cache(local_large, now_ms, policy, force);
+/// The segment lists a purge pass walks: only a segment with a free slot
+/// can hold a free page to purge.
+fn avail_lists(segments: &[List<Segment>; LIST_COUNT]) -> [&List<Segment>; 2] {
+    [
+        &segments[LIST_SMALL_AVAIL as usize],
+        &segments[LIST_MEDIUM_AVAIL as usize],
+    ]
 }
 
 impl HeapState {
     /// Whether the heap still holds memory a later purge pass would return
     /// (dirty free pages, cached large blocks).
     pub fn holds_purgeable(&self) -> bool {
-        holds_purgeable_parts(&self.segments, &self.local_large)
+        purge::parts_hold_purgeable(&self.segments, &self.local_large)
     }
-}
-
-/// [`HeapState::holds_purgeable`] on the parts the purger may read.
-fn holds_purgeable_parts(segments: &[List<Segment>; LIST_COUNT], local: &LocalLargeCache) -> bool {
-    if local.bytes() > 0 && !local.held() {
-        return true;
-    }
-    for list in segments {
-        let mut segment = list.first();
-        while !segment.is_null() {
-            // SAFETY: `[segment-lists]`: the heap's segments are live.
-            unsafe {
-                if (*segment).dirty_mask != 0 {
-                    return true;
-                }
-                segment = List::next(segment);
-            }
-        }
-    }
-    false
 }
 
 impl ThreadHeap {
@@ -477,7 +446,7 @@ impl ThreadHeap {
         let state = self.state.get();
         // SAFETY: caller contract; only these two fields are borrowed.
         unsafe {
-            holds_purgeable_parts(
+            purge::parts_hold_purgeable(
                 &*ptr::addr_of!((*state).segments),
                 &*ptr::addr_of!((*state).local_large),
             )
@@ -502,7 +471,7 @@ impl ThreadHeap {
                 // us in `begin_change`, so touch nothing and let it go.
                 return;
             }
-            purge_parts(segments, local_large, now_ms, policy, false);
+            purge::purge_heap_parts(avail_lists(segments), local_large, now_ms, policy, false);
         }
     }
 }
@@ -664,6 +633,8 @@ impl HeapState {
     /// # Safety
     /// `page` is on this heap's queue of its class.
     pub unsafe fn queue_remove(&mut self, page: *mut Page) {
+        // `[retired]`: a kept page is a queued one.
+        self.retired.forget(page);
         // SAFETY: caller contract.
         let class = unsafe {
             (*page).queued = false;
@@ -788,6 +759,45 @@ impl HeapState {
     /// Purge what this heap holds: dirty free pages of its segments and its
     /// local large cache (`force`: everything, releasing cached blocks).
     pub fn purge_owned(&mut self, now_ms: u64, policy: PurgePolicy, force: bool) {
-        purge_parts(&self.segments, &mut self.local_large, now_ms, policy, force);
+        self.release_retired();
+        let lists = avail_lists(&self.segments);
+        purge::purge_heap_parts(lists, &mut self.local_large, now_ms, policy, force);
+    }
+
+    /// The owner's frees emptied `page`, which is not current: keep it
+    /// queued, with its blocks, for the next refill of its class while the
+    /// bounds of `[retired]` allow, else give it back to its segment.
+    ///
+    /// # Safety
+    /// As [`HeapState::release_page`].
+    pub unsafe fn retire_page(&mut self, page: *mut Page) {
+        // SAFETY: caller contract: a live page of this heap's segment.
+        let (queued, size) = unsafe {
+            (
+                (*page).queued,
+                1usize << (*Segment::of(page.cast())).page_shift,
+            )
+        };
+        if queued && (self.retired.holds(page) || self.retired.keep(page, size)) {
+            return;
+        }
+        // SAFETY: caller contract.
+        unsafe { self.release_page(page) };
+    }
+
+    /// Give back the kept pages that are still empty (`[retired]`); the
+    /// others were refilled and stay as they are.
+    pub fn release_retired(&mut self) {
+        let mut kept = core::mem::take(&mut self.retired);
+        kept.drain(|page| {
+            // SAFETY: `[retired]`: a kept page is a page of this heap until
+            // it is forgotten; an empty queued one is not current
+            // (`[page-accounting]`: the current page carries the pin).
+            unsafe {
+                if (*page).in_use && (*page).queued && (*page).is_unused() {
+                    self.release_page(page);
+                }
+            }
+        });
     }
 }

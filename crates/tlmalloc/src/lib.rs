@@ -80,6 +80,8 @@ pub mod large_cache;
 #[cfg(not(loom))]
 mod purge;
 #[cfg(not(loom))]
+mod retired_pages;
+#[cfg(not(loom))]
 mod rt_pending;
 
 // The heap.

@@ -34,6 +34,7 @@
 use crate::arena;
 use crate::large;
 use crate::large_cache::{LocalLargeCache, SHARED};
+use crate::list::List;
 use crate::options::{self, Opt, PURGE_FREE};
 use crate::os;
 use crate::rt_level;
@@ -186,6 +187,54 @@ pub unsafe fn keep_cached_large(segment: *mut Segment, now_ms: u64, policy: Purg
         }
         true
     }
+}
+
+/// A heap's purge pass on the parts of its state it touches: the free
+/// pages of the segments on `lists` (its segments with a free slot) and its
+/// local large cache, so that the background purger can borrow just those
+/// (`[purge-handshake]` in heap.rs).
+pub fn purge_heap_parts(
+    lists: [&List<Segment>; 2],
+    local_large: &mut LocalLargeCache,
+    now_ms: u64,
+    policy: PurgePolicy,
+    force: bool,
+) {
+    for list in lists {
+        let mut segment = list.first();
+        while !segment.is_null() {
+            // SAFETY: `[segment-lists]`: a heap's segments are live and held
+            // by whoever may purge them (the owner, or the purger under the
+            // handshake).
+            unsafe {
+                purge_dirty_pages(&mut *segment, now_ms, policy, force);
+                segment = List::next(segment);
+            }
+        }
+    }
+    purge_local_cache(local_large, now_ms, policy, force);
+}
+
+/// Whether a heap whose segments are on `lists` and whose local large cache
+/// is `local` still holds memory a later purge pass would return (dirty
+/// free pages, cached large blocks).
+pub fn parts_hold_purgeable(lists: &[List<Segment>], local: &LocalLargeCache) -> bool {
+    if local.bytes() > 0 && !local.held() {
+        return true;
+    }
+    for list in lists {
+        let mut segment = list.first();
+        while !segment.is_null() {
+            // SAFETY: `[segment-lists]`: a heap's segments are live.
+            unsafe {
+                if (*segment).dirty_mask != 0 {
+                    return true;
+                }
+                segment = List::next(segment);
+            }
+        }
+    }
+    false
 }
 
 /// Purge a heap's local large-block cache (with `force`: release all of
