@@ -634,7 +634,8 @@ impl HeapState {
     /// `page` is on this heap's queue of its class.
     pub unsafe fn queue_remove(&mut self, page: *mut Page) {
         // `[retired]`: a kept page is a queued one.
-        self.retired.forget(page);
+        // SAFETY: caller contract: a queued page is a live page of ours.
+        unsafe { self.retired.forget(page) };
         // SAFETY: caller contract.
         let class = unsafe {
             (*page).queued = false;
@@ -771,18 +772,14 @@ impl HeapState {
     /// # Safety
     /// As [`HeapState::release_page`].
     pub unsafe fn retire_page(&mut self, page: *mut Page) {
-        // SAFETY: caller contract: a live page of this heap's segment.
-        let (queued, size) = unsafe {
-            (
-                (*page).queued,
-                1usize << (*Segment::of(page.cast())).page_shift,
-            )
-        };
-        if queued && (self.retired.holds(page) || self.retired.keep(page, size)) {
-            return;
+        // SAFETY: caller contract: a live page of this heap's segment,
+        // kept only while queued.
+        unsafe {
+            if (*page).queued && (self.retired.holds(page) || self.retired.keep(page)) {
+                return;
+            }
+            self.release_page(page);
         }
-        // SAFETY: caller contract.
-        unsafe { self.release_page(page) };
     }
 
     /// Give back the kept pages that are still empty (`[retired]`); the

@@ -19,6 +19,7 @@
 use core::ptr;
 
 use crate::page::Page;
+use crate::segment::Segment;
 
 /// Pages a heap keeps at most.
 pub const RETIRED_PAGES: usize = 8;
@@ -35,9 +36,18 @@ pub const RETIRED_BYTES_MAX: usize = 512 * 1024;
 /// releases the kept pages (it may have been refilled since).
 pub struct RetiredPages {
     pages: [*mut Page; RETIRED_PAGES],
-    sizes: [usize; RETIRED_PAGES],
     len: usize,
+    /// Bytes of the kept pages.
     bytes: usize,
+}
+
+/// The bytes of `page`'s slot.
+///
+/// # Safety
+/// `page` is a page slot in a live segment's header.
+unsafe fn page_bytes(page: *mut Page) -> usize {
+    // SAFETY: caller contract; `[segment-header]` finds the header.
+    1 << unsafe { (*Segment::of(page.cast())).page_shift }
 }
 
 impl RetiredPages {
@@ -45,7 +55,6 @@ impl RetiredPages {
     pub const fn new() -> Self {
         RetiredPages {
             pages: [ptr::null_mut(); RETIRED_PAGES],
-            sizes: [0; RETIRED_PAGES],
             len: 0,
             bytes: 0,
         }
@@ -56,25 +65,32 @@ impl RetiredPages {
         self.pages[..self.len].contains(&page)
     }
 
-    /// Keep `page`, of `size` bytes, if the bounds allow; false otherwise.
-    pub fn keep(&mut self, page: *mut Page, size: usize) -> bool {
+    /// Keep `page` if the bounds allow; false otherwise.
+    ///
+    /// # Safety
+    /// `page` is a page of a live segment, on the owning heap's queue.
+    pub unsafe fn keep(&mut self, page: *mut Page) -> bool {
+        // SAFETY: caller contract.
+        let size = unsafe { page_bytes(page) };
         if self.len == RETIRED_PAGES || self.bytes + size > RETIRED_BYTES_MAX {
             return false;
         }
         self.pages[self.len] = page;
-        self.sizes[self.len] = size;
         self.len += 1;
         self.bytes += size;
         true
     }
 
     /// Forget `page` if it is kept.
-    pub fn forget(&mut self, page: *mut Page) {
+    ///
+    /// # Safety
+    /// `page` is a page of a live segment.
+    pub unsafe fn forget(&mut self, page: *mut Page) {
         if let Some(i) = self.pages[..self.len].iter().position(|&p| p == page) {
             self.len -= 1;
-            self.bytes -= self.sizes[i];
+            // SAFETY: caller contract.
+            self.bytes -= unsafe { page_bytes(page) };
             self.pages[i] = self.pages[self.len];
-            self.sizes[i] = self.sizes[self.len];
         }
     }
 
