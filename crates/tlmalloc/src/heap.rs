@@ -785,13 +785,13 @@ impl HeapState {
     /// Give back the kept pages that are still empty (`[retired]`); the
     /// others were refilled and stay as they are.
     pub fn release_retired(&mut self) {
-        let mut kept = core::mem::take(&mut self.retired);
-        kept.drain(|page| {
-            // SAFETY: `[retired]`: a kept page is a page of this heap until
-            // it is forgotten; an empty queued one is not current
-            // (`[page-accounting]`: the current page carries the pin).
+        core::mem::take(&mut self.retired).for_each(|page| {
+            // SAFETY: `[retired]`: a kept page is still on this heap's queue;
+            // an empty one is not current (`[page-accounting]`: the current
+            // page carries the pin).
             unsafe {
-                if (*page).in_use && (*page).queued && (*page).is_unused() {
+                debug_assert!((*page).in_use && (*page).queued);
+                if (*page).is_unused() {
                     self.release_page(page);
                 }
             }

@@ -11,8 +11,8 @@
 //!
 //! The container only remembers which pages were kept; the heap (`heap.rs`)
 //! decides what to keep and releases the kept pages that are still empty at
-//! its next purge pass, or when another emptied page needs the room. What it
-//! keeps is bounded ([`RETIRED_PAGES`] pages, [`RETIRED_BYTES_MAX`] bytes),
+//! its next purge pass; a page emptied while the container is full goes
+//! back at once. What it keeps is bounded ([`RETIRED_PAGES`] pages, [`RETIRED_BYTES_MAX`] bytes),
 //! because an idle thread's heap keeps them until its next slow path: the
 //! background purger does not touch a heap's queues.
 
@@ -94,14 +94,9 @@ impl RetiredPages {
         }
     }
 
-    /// Forget every kept page, handing each to `f` (at most
-    /// [`RETIRED_PAGES`]; the container is empty before the first call).
-    pub fn drain(&mut self, mut f: impl FnMut(*mut Page)) {
-        let (pages, len) = (self.pages, self.len);
-        *self = RetiredPages::new();
-        for &page in &pages[..len] {
-            f(page);
-        }
+    /// Hand each kept page to `f` (at most [`RETIRED_PAGES`]).
+    pub fn for_each(self, f: impl FnMut(*mut Page)) {
+        self.pages[..self.len].iter().copied().for_each(f);
     }
 }
 

@@ -32,6 +32,15 @@ fn alloc_batch(blocks: &mut [*mut u8], size: usize) {
     }
 }
 
+/// Run `f` on a fresh thread, alone in the process, with the purge delay
+/// set to `delay_ms` (restored after).
+fn on_fresh_thread(delay_ms: usize, f: impl FnOnce() + Send + 'static) {
+    let _g = serial_alone();
+    let _o = OptRestore::save(&[Opt::PurgeDelayMs]);
+    options::set(Opt::PurgeDelayMs, delay_ms);
+    thread::spawn(f).join().unwrap();
+}
+
 fn free_batch(blocks: &[*mut u8]) {
     for &b in blocks {
         // SAFETY: live blocks, each freed once.
@@ -41,11 +50,8 @@ fn free_batch(blocks: &[*mut u8]) {
 
 #[test]
 fn a_batch_freed_whole_finds_its_pages_again() {
-    let _g = serial_alone();
     // No purge pass may release the kept pages during the rounds.
-    let _o = OptRestore::save(&[Opt::PurgeDelayMs]);
-    options::set(Opt::PurgeDelayMs, 60_000);
-    thread::spawn(|| {
+    on_fresh_thread(60_000, || {
         let base = pages();
         let mut blocks = vec![std::ptr::null_mut(); 4096];
         let mut carved = 0;
@@ -67,17 +73,12 @@ fn a_batch_freed_whole_finds_its_pages_again() {
         }
         tlmalloc::collect();
         assert_eq!(pages(), base, "collect gives the kept pages back");
-    })
-    .join()
-    .unwrap();
+    });
 }
 
 #[test]
 fn kept_pages_are_bounded() {
-    let _g = serial_alone();
-    let _o = OptRestore::save(&[Opt::PurgeDelayMs]);
-    options::set(Opt::PurgeDelayMs, 60_000);
-    thread::spawn(|| {
+    on_fresh_thread(60_000, || {
         let base = pages();
         // Forty 64 KiB pages of 1 KiB blocks, freed whole: at most eight
         // pages (512 KiB) stay, besides the current one.
@@ -92,17 +93,12 @@ fn kept_pages_are_bounded() {
         );
         tlmalloc::collect();
         assert_eq!(pages(), base);
-    })
-    .join()
-    .unwrap();
+    });
 }
 
 #[test]
 fn the_purge_pass_gives_kept_pages_back() {
-    let _g = serial_alone();
-    let _o = OptRestore::save(&[Opt::PurgeDelayMs]);
-    options::set(Opt::PurgeDelayMs, 20);
-    thread::spawn(|| {
+    on_fresh_thread(20, || {
         let base = pages();
         let mut blocks = vec![std::ptr::null_mut(); 4096];
         alloc_batch(&mut blocks, 80);
@@ -117,7 +113,5 @@ fn the_purge_pass_gives_kept_pages_back() {
             thread::sleep(Duration::from_millis(1));
         }
         tlmalloc::collect();
-    })
-    .join()
-    .unwrap();
+    });
 }
