@@ -260,8 +260,11 @@ pub struct Page {
     /// Owner: blocks ready to hand out (malloc pops here).
     pub free: *mut Block,
     /// Owner: blocks the owner freed (free pushes here). Kept apart from
-    /// `free` so a malloc right after a free does not wait on that free's
-    /// store, and moved onto `free` in one step when `free` runs dry.
+    /// `free` so a malloc of the direct range right after a free does not
+    /// wait on that free's store, and moved onto `free` in one step when
+    /// `free` runs dry. Above the direct range malloc pops here first
+    /// ([`Page::pop_recent`]): for blocks that big, reusing the hot block
+    /// is worth the wait.
     pub local_free: *mut Block,
     /// Owner: blocks handed out and not yet returned to `free`.
     pub used: u32,
@@ -421,11 +424,35 @@ impl Page {
     /// `page` is a valid page the calling thread owns, or the static empty page.
     #[inline(always)]
     pub unsafe fn pop(page: *mut Page) -> *mut Block {
+        // SAFETY: caller contract; `free` is one of the page's lists.
+        unsafe { Page::pop_from(page, ptr::addr_of_mut!((*page).free)) }
+    }
+
+    /// Owner: take the block the owner freed last (from `local_free`), or
+    /// null if there is none. For big blocks: an alloc/free loop then keeps
+    /// reusing one block, whose cache lines are hot, instead of cycling
+    /// through a page's worth of blocks that all map to the same cache sets
+    /// (blocks of 4 KiB and more start at the same offset in their OS page).
+    ///
+    /// # Safety
+    /// As [`Page::pop`].
+    #[inline(always)]
+    pub unsafe fn pop_recent(page: *mut Page) -> *mut Block {
+        // SAFETY: caller contract; `local_free` is one of the page's lists.
+        unsafe { Page::pop_from(page, ptr::addr_of_mut!((*page).local_free)) }
+    }
+
+    /// Owner: take the head of `list`, one of `page`'s two lists.
+    ///
+    /// # Safety
+    /// As [`Page::pop`]; `list` points to `(*page).free` or `(*page).local_free`.
+    #[inline(always)]
+    unsafe fn pop_from(page: *mut Page, list: *mut *mut Block) -> *mut Block {
         // SAFETY: `page` is valid (caller contract); `[page-lists]`: a block
-        // on `free` starts with a valid link; the writes happen only for a
+        // on either list starts with a valid link; the writes happen only for a
         // non-empty list, so never to the static empty page.
         unsafe {
-            let block = (*page).free;
+            let block = *list;
             if !block.is_null() {
                 valgrind::open_word(block.cast());
                 #[cfg(feature = "check")]
@@ -434,7 +461,7 @@ impl Page {
                 if cfg!(feature = "secure") && !(*page).link_ok(next) {
                     link_corrupted(block);
                 }
-                (*page).free = next;
+                *list = next;
                 // `[block-key]`: a block in use carries no key.
                 (*block).key = 0;
                 valgrind::close_word(block.cast());
