@@ -208,9 +208,9 @@ void tl_heap_destroy(tl_heap_t *heap);
  * during the read may be off by what they did meanwhile; once they stop,
  * every figure is exact. A library whose layout differs has a higher
  * TL_STATS_VERSION, and tl_stats refuses a version above the library's. */
-#define TL_STATS_VERSION 1
+#define TL_STATS_VERSION 2
 /* Entries of tl_stats_t.classes: the number of size classes. */
-#define TL_STATS_CLASSES 88
+#define TL_STATS_CLASSES 96
 
 /* Allocations and frees of one size class. */
 typedef struct tl_class_stats {
@@ -229,7 +229,7 @@ typedef struct tl_stats {
     uint64_t allocs;              /* blocks handed out: sum of classes[].allocs + large_allocs */
     uint64_t frees;               /* blocks given back, all sizes */
     uint64_t live_bytes;          /* bytes of live blocks, at their usable (class) size */
-    uint64_t large_allocs;        /* large blocks (above 128 KiB, or aligned above 64 KiB) */
+    uint64_t large_allocs;        /* large blocks (above 256 KiB, or aligned above 64 KiB) */
     uint64_t large_frees;         /* large blocks given back */
     uint64_t large_live_bytes;    /* bytes of live large blocks (included in live_bytes) */
     uint64_t remote_frees;        /* frees of a block of another thread's heap (or a tl_heap_t) */
@@ -308,7 +308,7 @@ int tl_rt_thread(int level);
  * blocks of sizes[i] bytes available to this thread without any system
  * call, their pages touched (faulted in, not just mapped). The heap keeps
  * them, unpurged, for the thread's life. Prewarm the whole working set in
- * one call; at most 8 blocks above 128 KiB in all. Returns 0, or -1 with
+ * one call; at most 8 blocks above 256 KiB in all. Returns 0, or -1 with
  * errno = ENOMEM (memory refused, an impossible size, too many large
  * blocks, an exiting thread). */
 int tl_prewarm(const size_t *sizes, const size_t *counts, size_t n);

@@ -13,6 +13,7 @@
 //! |---|---|
 //! | `tl_stats(NULL)` | -1, `errno = EINVAL` |
 //! | `out->version` 0 or above `TL_STATS_VERSION` of the library | -1, `errno = EINVAL`, `*out` untouched |
+//! | `out->version` 1 (88 classes, before 2026-12) | 0, that layout filled: the first 88 classes, `class_count` 88 |
 //! | otherwise | 0, `*out` filled (its `version` the library's) |
 
 use core::ffi::c_int;
@@ -25,9 +26,9 @@ use tlmalloc_core::stats::{ClassStats, STATS_VERSION};
 use tlmalloc_core::Stats;
 
 /// `TL_STATS_VERSION` in include/tlmalloc.h.
-pub const HEADER_STATS_VERSION: u32 = 1;
+pub const HEADER_STATS_VERSION: u32 = 2;
 /// `TL_STATS_CLASSES` in include/tlmalloc.h.
-pub const HEADER_STATS_CLASSES: usize = 88;
+pub const HEADER_STATS_CLASSES: usize = 96;
 
 /// Fill `*out` with the current statistics. The caller sets
 /// `out->version = TL_STATS_VERSION` (the layout it was compiled with)
@@ -62,14 +63,24 @@ pub unsafe extern "C" fn tl_stats(out: *mut Stats) -> c_int {
     // copies the caller's prefix (later versions only append fields).
     // SAFETY: `out` points to a writable `tl_stats_t` of the caller's
     // version, `bytes` long, a prefix of `Stats` (layout assertions below).
-    unsafe { tlmalloc_core::stats::stats_prefix_into(out.cast::<u8>(), bytes) };
+    unsafe { tlmalloc_core::stats::stats_prefix_into(out.cast::<u8>(), bytes, version) };
     0
 }
 
 /// Bytes of `tl_stats_t` in each layout version (index: the version; 0 is
 /// not one). A caller compiled against an older header gets exactly its
 /// struct's bytes, never more.
-const LAYOUT_BYTES: [usize; STATS_VERSION as usize + 1] = [0, core::mem::size_of::<Stats>()];
+const LAYOUT_BYTES: [usize; STATS_VERSION as usize + 1] = [
+    0,
+    // Version 1: 88 classes, up to 128 KiB (before medium pages took
+    // classes up to 256 KiB).
+    offset_of!(Stats, classes) + V1_CLASSES * size_of::<ClassStats>(),
+    size_of::<Stats>(),
+];
+
+/// Classes of layout version 1.
+const V1_CLASSES: usize = 88;
+const _: () = assert!(V1_CLASSES < CLASS_COUNT);
 
 /// Assert at compile time that `Stats` has the header's scalar fields, by
 /// name, at the header's offsets (each `uint64_t`, after the two

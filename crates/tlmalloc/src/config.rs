@@ -36,9 +36,10 @@ pub const LARGE_PAGE_SHIFT: u32 = 63;
 
 /// The largest class served from small pages (at least 8 blocks a page).
 pub const SMALL_SIZE_MAX: usize = 8 * 1024;
-/// The largest class served from medium pages (at least 4 blocks a page);
+/// The largest class served from medium pages (at least 2 blocks a page:
+/// the part of a page its blocks do not fill is never touched);
 /// anything larger gets a segment of its own.
-pub const MEDIUM_SIZE_MAX: usize = 128 * 1024;
+pub const MEDIUM_SIZE_MAX: usize = 256 * 1024;
 /// Requests up to this size find their page with one indexed load
 /// (`ThreadHeap::direct`), skipping the class computation.
 pub const DIRECT_SIZE_MAX: usize = 1024;
@@ -65,7 +66,7 @@ pub const SEGMENT_CACHE_SLOTS: usize = 8;
 pub const PAGE_SCAN_MAX: usize = 8;
 
 const _: () = assert!(SMALL_SIZE_MAX * 8 <= SMALL_PAGE_SIZE);
-const _: () = assert!(MEDIUM_SIZE_MAX * 4 <= MEDIUM_PAGE_SIZE);
+const _: () = assert!(MEDIUM_SIZE_MAX * 2 <= MEDIUM_PAGE_SIZE);
 const _: () = assert!(PAGES_PER_SEGMENT == 64, "free-page masks are one u64");
 const _: () = assert!(MEDIUM_PAGES_PER_SEGMENT <= PAGES_PER_SEGMENT);
 const _: () = assert!(POOL_ALIGN_MAX <= SMALL_PAGE_SIZE);

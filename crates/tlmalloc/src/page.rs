@@ -135,9 +135,14 @@ const _: () = assert!(
     usize::BITS == 64,
     "ThreadFree packs a length above the address"
 );
-// A page holds fewer blocks than the length can count.
-const _: () =
-    assert!(crate::config::MEDIUM_PAGE_SIZE / 16 < 1 << (usize::BITS - THREAD_FREE_LEN_SHIFT));
+// A page holds fewer blocks than the length can count: a small page's
+// blocks are 16 bytes or more, a medium page's above `SMALL_SIZE_MAX`.
+const _: () = {
+    use crate::config::{MEDIUM_PAGE_SIZE, SMALL_PAGE_SIZE, SMALL_SIZE_MAX};
+    let most = 1 << (usize::BITS - THREAD_FREE_LEN_SHIFT);
+    assert!(SMALL_PAGE_SIZE / 16 < most);
+    assert!(MEDIUM_PAGE_SIZE / SMALL_SIZE_MAX < most);
+};
 
 impl ThreadFree {
     const_unless_loom! {

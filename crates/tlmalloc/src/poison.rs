@@ -6,7 +6,7 @@
 //!
 //! Only the first [`POISON_MAX`] bytes are filled: enough to catch the
 //! usual stale pointer to a field, at a cost that keeps the checked build
-//! usable with medium blocks of up to 128 KiB.
+//! usable with medium blocks of up to 256 KiB.
 //!
 //! Slack canaries `[slack]` (also `check`): every request is padded by
 //! [`SLACK_PAD`] bytes at the front doors ([`padded`]), so every block has

@@ -162,7 +162,7 @@ impl Drop for Section {
 /// the thread's life). Call it from the realtime thread itself, outside
 /// its critical part, once for the whole working set: a later call ensures
 /// its own set and may reuse blocks of an earlier one. At most 8 large
-/// blocks (above 128 KiB) in all.
+/// blocks (above `MEDIUM_SIZE_MAX`, 256 KiB) in all.
 pub fn prewarm(sizes: &[usize], counts: &[usize]) -> Result<(), PrewarmError> {
     if sizes.len() != counts.len() {
         return Err(PrewarmError::Mismatch);

@@ -46,7 +46,7 @@ pub fn large_cache_stats() -> LargeCacheStats {
 /// version only appends fields, after `classes` (so a caller compiled
 /// against version 1 reads a prefix of what the library writes); the
 /// number goes up when it does.
-pub const STATS_VERSION: u32 = 1;
+pub const STATS_VERSION: u32 = 2;
 
 /// Allocations and frees of one size class.
 #[repr(C)]
@@ -117,7 +117,7 @@ stats_fields! {
     frees: "frees",
     /// Bytes of live blocks, counted at their usable (class) size.
     live_bytes: "live bytes",
-    /// Large blocks (above 128 KiB, or aligned beyond 64 KiB) handed out.
+    /// Large blocks (above 256 KiB, or aligned beyond 64 KiB) handed out.
     large_allocs: "large allocations",
     /// Large blocks given back.
     large_frees: "large frees",
@@ -179,13 +179,20 @@ pub fn stats() -> Stats {
 static PREFIX_BUFFER: SpinLock<Stats> = SpinLock::new(Stats::ZERO);
 
 /// Write the first `bytes` bytes of the statistics to `out`: for a caller
-/// compiled against an older, shorter layout of `Stats` (C's `tl_stats_t`).
+/// compiled against an older, shorter layout of `Stats` (C's `tl_stats_t`)
+/// of layout `version`. Such a layout has the same scalars and fewer
+/// classes (version 1: 88, up to 128 KiB), so the prefix is its layout;
+/// its `version` is the caller's and its `class_count` the entries that fit.
 ///
 /// # Safety
-/// `out` is writable for `bytes` bytes, and `bytes <= size_of::<Stats>()`.
-pub unsafe fn stats_prefix_into(out: *mut u8, bytes: usize) {
+/// `out` is writable for `bytes` bytes, and
+/// `offset_of!(Stats, classes) <= bytes <= size_of::<Stats>()`.
+pub unsafe fn stats_prefix_into(out: *mut u8, bytes: usize, version: u32) {
     let mut stats = PREFIX_BUFFER.lock();
     stats_into(&mut stats);
+    let fit = (bytes - core::mem::offset_of!(Stats, classes)) / core::mem::size_of::<ClassStats>();
+    stats.version = version;
+    stats.class_count = stats.class_count.min(fit as u32);
     // SAFETY: caller contract; `stats` is `size_of::<Stats>() >= bytes` long.
     unsafe { core::ptr::copy_nonoverlapping((&*stats as *const Stats).cast::<u8>(), out, bytes) };
 }

@@ -14,7 +14,7 @@
 //! on the page's `thread_free`), exactly as between two threads. The heap
 //! collects those blocks when it next needs a page of their class.
 //!
-//! Large blocks (above 128 KiB) are linked into the heap's list under a
+//! Large blocks (above 256 KiB) are linked into the heap's list under a
 //! small lock, because any thread may free one; destroying the heap
 //! releases those still live.
 

@@ -244,6 +244,7 @@ fn layouts() -> std::vec::Vec<Layout> {
         70_000,
         131_072,
         200_000,
+        300_000,
         3 * MIB,
     ] {
         for &align in &[1usize, 8, 16, 64, 4096, 64 * KIB, MIB] {

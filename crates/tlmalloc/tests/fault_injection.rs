@@ -101,14 +101,14 @@ fn clear_errno() {
     unsafe { *libc::__errno_location() = 0 };
 }
 
-/// A size of one of the four tiers: small (≤ 1 KiB), medium (≤ 128 KiB),
+/// A size of one of the four tiers: small (≤ 1 KiB), medium (≤ 256 KiB),
 /// large (≤ 4 MiB) and, rarely (a copy or a clear of one costs
 /// milliseconds), huge (16–40 MiB).
 fn any_size(rng: &mut Rng) -> usize {
     match rng.below(1000) {
         0..=449 => 1 + rng.below(1024),
-        450..=749 => 1025 + rng.below(128 * KIB - 1024),
-        750..=994 => 128 * KIB + 1 + rng.below(4 * MIB - 128 * KIB),
+        450..=749 => 1025 + rng.below(256 * KIB - 1024),
+        750..=994 => 256 * KIB + 1 + rng.below(4 * MIB - 256 * KIB),
         _ => 16 * MIB + rng.below(24 * MIB),
     }
 }

@@ -1,4 +1,4 @@
-//! The large-block recycle cache: a freed large block (above 128 KiB, up to
+//! The large-block recycle cache: a freed large block (above 256 KiB, up to
 //! 128 MiB) is kept mapped, first in the freeing thread's cache (8 slots, a
 //! quarter of the bound, or one block of any size when it is empty), then
 //! in the shared cache (4 slots per class, the bound: twice the live large
@@ -104,7 +104,7 @@ fn first_not(p: *const u8, len: usize, value: u8) -> Option<usize> {
 #[test]
 fn same_size_reuse_maps_nothing() {
     let _s = serial();
-    for size in [256 * KIB, MIB, 32 * MIB, 96 * MIB] {
+    for size in [384 * KIB, MIB, 32 * MIB, 96 * MIB] {
         let p = malloc(size);
         // SAFETY: a live block of `size` bytes.
         unsafe {
@@ -174,7 +174,7 @@ fn smaller_requests_reuse_a_cached_block_and_give_the_excess_back() {
         896 * KIB,
         832 * KIB,
         600 * KIB,
-        200 * KIB,
+        320 * KIB,
     ] {
         tlmalloc::collect();
         let p = malloc(MIB);
@@ -367,8 +367,8 @@ fn block_freed_on_exited_thread_is_reused_through_shared_level() {
 
 fn check_calloc_sizes(what: &str) {
     for size in [
-        128 * KIB + 1,
-        200 * KIB,
+        256 * KIB + 1,
+        320 * KIB,
         MIB,
         3 * MIB + 17,
         4 * MIB,
@@ -427,7 +427,7 @@ fn check_calloc_sizes(what: &str) {
         }
         // Recycled for a smaller request of a nearby class (a larger block).
         let smaller = size - size / 8;
-        if smaller > 128 * KIB {
+        if smaller > 256 * KIB {
             let s = tlmalloc::calloc(1, smaller);
             assert_eq!(
                 first_not(s, smaller, 0),
@@ -694,11 +694,11 @@ fn accounting_model_child() {
     assert_eq!(start.lc.local_bytes + start.lc.shared_bytes, 0);
 
     let bases = [
-        200 * KIB,
-        256 * KIB,
-        300 * KIB,
+        320 * KIB,
+        384 * KIB,
+        448 * KIB,
         MIB,
-        1200 * KIB,
+        1320 * KIB,
         3 * MIB,
         5 * MIB,
         12 * MIB,
@@ -717,10 +717,10 @@ fn accounting_model_child() {
         (&bases, 48 * MIB, 2),
         (&bases, usize::MAX, 3),
         // One class only: its shared slots fill up.
-        (&[256 * KIB], usize::MAX, 3),
+        (&[384 * KIB], usize::MAX, 3),
         // Filled up, then drained (0): small blocks freed beside big live
         // ones fill the local slots before its bytes.
-        (&[256 * KIB, 24 * MIB], usize::MAX, 0),
+        (&[384 * KIB, 24 * MIB], usize::MAX, 0),
     ];
     let mut rng = Rng::new(42);
     let mut model = Model {
@@ -1103,12 +1103,12 @@ fn block_freed_after_idle_period_is_not_released_at_once() {
         let p = malloc(SIZE);
         // Many slow paths: the heap's clock is fresh now.
         for _ in 0..64 {
-            free(malloc(256 * KIB));
+            free(malloc(384 * KIB));
         }
         // Shift the phase of the purge countdown by `round` slow paths, so
         // that the first clock read after the idle period falls on an alloc
         // in some rounds and on a free in others.
-        let extra: Vec<*mut u8> = (0..round).map(|_| malloc(300 * KIB)).collect();
+        let extra: Vec<*mut u8> = (0..round).map(|_| malloc(448 * KIB)).collect();
         // Idle (no allocator call) for well over 8x the delay.
         thread::sleep(Duration::from_millis(12 * DELAY_MS as u64));
         let before = os_stats();
@@ -1172,15 +1172,15 @@ fn thread_with_only_large_allocations_uses_local_cache_and_purges() {
     let (purged, elapsed) = thread::spawn(|| {
         let before = os_stats();
         // Both cached (the 4 MiB one in the shared level, under its 8 MiB
-        // floor): the 256 KiB requests below take the smaller block (the
+        // floor): the 384 KiB requests below take the smaller block (the
         // best fit), and the 4 MiB one waits for its purge.
-        let small = malloc(256 * KIB);
+        let small = malloc(384 * KIB);
         let big = malloc(4 * MIB);
         free(small);
         free(big);
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(2) {
-            free(malloc(256 * KIB));
+            free(malloc(384 * KIB));
             if os_stats().purged_bytes - before.purged_bytes >= 4 * MIB {
                 return (true, start.elapsed());
             }
@@ -1256,9 +1256,9 @@ fn concurrent_traffic_keeps_blocks_exclusive() {
             thread::spawn(move || {
                 warm_up();
                 let sizes = [
-                    200 * KIB,
-                    256 * KIB,
-                    300 * KIB,
+                    320 * KIB,
+                    384 * KIB,
+                    448 * KIB,
                     MIB,
                     1100 * KIB,
                     6 * MIB,

@@ -478,6 +478,7 @@ fn writes_within_the_requested_size_pass_with_check() {
         1000,
         40_000,
         200_000,
+        300_000,
         3 << 20,
     ] {
         let p = tlmalloc::malloc(size);

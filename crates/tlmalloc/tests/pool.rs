@@ -153,8 +153,8 @@ fn pool_block_size_is_good_size() {
     case(|| [11u8; 1025]);
     case(|| [12u8; 5000]);
     case(|| [13u8; 100_000]);
-    case(|| [14u8; 128 * 1024]);
-    case(|| [15u8; 128 * 1024 + 1]); // a large block
+    case(|| [14u8; 256 * 1024]);
+    case(|| [15u8; 256 * 1024 + 1]); // a large block
 }
 
 #[test]
@@ -520,10 +520,10 @@ fn large_type_in_a_pool() {
 }
 
 fn large_type_in_a_pool_body() {
-    const WORDS: usize = 25_000; // 200_000 bytes: a large block
+    const WORDS: usize = 40_000; // 320_000 bytes: a large block
     static BIG: Pool<[u64; WORDS]> = Pool::new();
     assert_eq!(BIG.block_size(), tlmalloc::good_size(WORDS * 8));
-    assert!(BIG.block_size() > 128 * 1024);
+    assert!(BIG.block_size() > 256 * 1024);
     let mut boxes: Vec<PoolBox<[u64; WORDS]>> = Vec::new();
     for i in 0..16u64 {
         let mut b = BIG.alloc([0u64; WORDS]);

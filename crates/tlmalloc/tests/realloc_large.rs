@@ -293,7 +293,7 @@ fn moving_large_blocks_while_other_threads_map() {
                     let r = rng.next();
                     if r % 3 != 0 || live.is_empty() {
                         let size = match r % 7 {
-                            0 => 200 * KIB,
+                            0 => 320 * KIB,
                             1 => 3 * MIB,
                             2 => 10 * MIB,
                             3 => 70_000,

@@ -230,10 +230,10 @@ fn the_page_after_a_large_block_is_a_guard() {
 /// pages keep `mremap` from moving them), contents intact.
 #[test]
 fn large_blocks_grow_shrink_and_recycle() {
-    let mut p = tlmalloc::malloc(200_000);
+    let mut p = tlmalloc::malloc(300_000);
     // SAFETY: live blocks of at least the sizes written.
     unsafe {
-        p.write_bytes(7, 200_000);
+        p.write_bytes(7, 300_000);
         for size in [3 << 20, 9 << 20, 40 << 20, 1 << 20, 300_000, 70 << 20] {
             let q = tlmalloc::realloc(p, size);
             assert!(!q.is_null());

@@ -80,7 +80,7 @@ fn check(p: *const u8, filled: usize, len: usize, seed: u8, what: &str) {
 fn sizes_9_to_medium() -> Vec<usize> {
     let mut v: Vec<usize> = (9..=1024).collect();
     let mut n = 1025;
-    while n <= 128 * 1024 {
+    while n <= 256 * 1024 {
         let class = tlmalloc::good_size(n);
         v.extend([n, class]);
         n = class + 1;
@@ -136,10 +136,10 @@ fn free_sized_tiny_sizes() {
 #[test]
 fn free_sized_large_blocks() {
     if in_child("large") {
-        // Above 128 KiB; class-rounded up to 128 MiB, page-rounded beyond.
+        // Above 256 KiB; class-rounded up to 128 MiB, page-rounded beyond.
         let sizes = [
-            128 * 1024 + 1,
-            200_000,
+            256 * 1024 + 1,
+            300_000,
             MIB,
             MIB + 1,
             5 * MIB + 17,
@@ -167,9 +167,9 @@ fn free_sized_after_realloc() {
             (100, 300_000),
             (300_000, MIB),
             (MIB, 8 * MIB),
-            (8 * MIB, 200_000),
+            (8 * MIB, 300_000),
             (MIB, 1000),
-            (200_000, 190_000),
+            (300_000, 290_000),
             (130 * MIB, 140 * MIB),
         ];
         for (round, &(from, to)) in cases.iter().enumerate() {

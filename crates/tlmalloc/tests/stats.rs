@@ -76,7 +76,7 @@ fn layout_version_and_classes() {
     let classes = &s.classes[..s.class_count as usize];
     assert_eq!(s.class_count as usize, s.classes.len());
     assert_eq!(classes[0].block_size, 16);
-    assert_eq!(classes.last().unwrap().block_size, 128 * 1024);
+    assert_eq!(classes.last().unwrap().block_size, 256 * 1024);
     for w in classes.windows(2) {
         assert!(w[0].block_size < w[1].block_size, "classes ascend");
     }
@@ -331,6 +331,8 @@ fn balanced_workload_leaves_live_bytes_unchanged() {
         131_072,
         131_073,
         200_000,
+        262_144,
+        262_145,
         MIB,
         5 * MIB,
     ];
@@ -344,7 +346,7 @@ fn balanced_workload_leaves_live_bytes_unchanged() {
             let p = malloc(size);
             // SAFETY: a live block.
             expect_live += unsafe { tlmalloc::usable_size(p) } as u64;
-            large += u64::from(size > 128 * KIB);
+            large += u64::from(size > 256 * KIB);
             live.push(p);
         }
     }

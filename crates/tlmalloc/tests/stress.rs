@@ -30,8 +30,8 @@ fn log_uniform(rng: &mut Rng, lo: usize, hi: usize) -> usize {
 fn random_size(rng: &mut Rng) -> usize {
     match rng.below(1000) {
         0..=899 => log_uniform(rng, 1, 1024),
-        900..=989 => log_uniform(rng, 1025, 128 * 1024),
-        _ => log_uniform(rng, 128 * 1024 + 1, 1 << 20),
+        900..=989 => log_uniform(rng, 1025, 256 * 1024),
+        _ => log_uniform(rng, 256 * 1024 + 1, 1 << 20),
     }
 }
 

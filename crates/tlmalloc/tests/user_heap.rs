@@ -276,7 +276,7 @@ fn frees_from_another_thread_come_back() {
     let pooled = blocks
         .iter()
         // SAFETY: live blocks.
-        .filter(|b| unsafe { tlmalloc::usable_size(b.p as *const u8) } <= 128 * KIB)
+        .filter(|b| unsafe { tlmalloc::usable_size(b.p as *const u8) } <= 256 * KIB)
         .count() as u64;
     assert!(pooled < n);
     let before = tlmalloc::stats();
@@ -398,7 +398,7 @@ fn foreign_blocks_freed_through_a_heap() {
     for &(size, align) in &[
         (100, 8),
         (5000, 16),
-        (200_000, 8),
+        (300_000, 8),
         (3 * MIB, 4096),
         (100, 4 * MIB),
     ] {

@@ -43,8 +43,8 @@ _Static_assert(sizeof(tl_stats_t) == 8 + 8 * STATS_SCALARS + 24 * TL_STATS_CLASS
 _Static_assert(offsetof(tl_stats_t, classes) == 8 + 8 * STATS_SCALARS,
                "tl_stats_t.classes offset differs from the library's Stats");
 _Static_assert(offsetof(tl_stats_t, counters_enabled) == 8, "first scalar after the two uint32_t");
-_Static_assert(TL_STATS_CLASSES == 88, "the number of size classes");
-_Static_assert(TL_STATS_VERSION == 1, "the layout checked here");
+_Static_assert(TL_STATS_CLASSES == 96, "the number of size classes");
+_Static_assert(TL_STATS_VERSION == 2, "the layout checked here");
 
 /* Whether the library counts every allocation and free (built with the
  * `stats` feature): the checks of those counters run only then. */
@@ -404,7 +404,7 @@ static struct hblock hblocks[HBLOCKS];
  * (above 128 KiB). */
 static size_t heap_size_of(int i) {
     switch (i % 50) {
-    case 7: return 200000;
+    case 7: return 300000;
     case 23: return 1 << 20;
     case 41: return 3 << 20;
     default: {
@@ -511,7 +511,7 @@ static void test_heaps(void) {
     for (int i = 0; i < HBLOCKS; i++) {
         heap_alloc_block(h, i, 11);
         asked += hblocks[i].size;
-        large += hblocks[i].size > 128 * 1024;
+        large += hblocks[i].size > 256 * 1024;
     }
     CHECK(heap_blocks_ok(0, 1, 11));
     tl_stats_t s2 = snap();
@@ -531,7 +531,7 @@ static void test_heaps(void) {
     /* Small and medium blocks freed there count as remote frees; large
      * ones as large frees. */
     int odd_large = 0;
-    for (int i = 1; i < HBLOCKS; i += 2) odd_large += heap_size_of(i) > 128 * 1024;
+    for (int i = 1; i < HBLOCKS; i += 2) odd_large += heap_size_of(i) > 256 * 1024;
     COUNTEDF(diff(s3.remote_frees, s2.remote_frees) >= HBLOCKS / 2 - odd_large,
              "remote frees grew by %lld", (long long)diff(s3.remote_frees, s2.remote_frees));
     COUNTED(diff(s3.large_frees, s2.large_frees) >= odd_large);
@@ -631,7 +631,7 @@ static void *workload_thread(void *arg) {
     void *window[WINDOW] = {0};
     uintptr_t count = 0;
     for (int i = 0; i < ITERS; i++) {
-        size_t n = (i % 5000 == 4999) ? 200000 : (size_t)((i * 37 + seed) % 3000);
+        size_t n = (i % 5000 == 4999) ? 300000 : (size_t)((i * 37 + seed) % 3000);
         void *p = malloc(n);
         if (p == NULL) abort();
         count++;
@@ -680,6 +680,22 @@ static void test_stats(void) {
     errno = 0;
     CHECK(tl_stats(&s) == -1 && errno == EINVAL);
 
+    /* A program built against version 1 (88 classes): exactly its bytes
+     * are written, with class_count 88 and its own version. */
+    {
+        size_t v1_bytes = offsetof(tl_stats_t, classes) + 88 * sizeof(tl_class_stats_t);
+        memset(&s, 0xab, sizeof s);
+        s.version = 1;
+        errno = 0;
+        CHECK(tl_stats(&s) == 0 && errno == 0);
+        CHECK(s.version == 1 && s.class_count == 88);
+        CHECK(s.classes[87].block_size == 128 * 1024);
+        const unsigned char *past = (const unsigned char *)&s + v1_bytes;
+        int untouched = 1;
+        for (size_t i = 0; i < sizeof s - v1_bytes; i++) untouched &= past[i] == 0xab;
+        CHECK(untouched);
+    }
+
     s.version = TL_STATS_VERSION;
     errno = 0;
     CHECK(tl_stats(&s) == 0 && errno == 0);
@@ -690,7 +706,7 @@ static void test_stats(void) {
     CHECK(offsetof(tl_stats_t, classes) == 8 + 8 * STATS_SCALARS);
     CHECK((char *)&s.classes[0] - (char *)&s == (ptrdiff_t)offsetof(tl_stats_t, classes));
     CHECK(s.classes[0].block_size == 16);
-    CHECK(s.classes[TL_STATS_CLASSES - 1].block_size == 128 * 1024);
+    CHECK(s.classes[TL_STATS_CLASSES - 1].block_size == 256 * 1024);
     int ordered = 1;
     for (int c = 0; c < TL_STATS_CLASSES; c++) {
         uint64_t b = s.classes[c].block_size;

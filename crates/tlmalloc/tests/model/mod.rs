@@ -237,7 +237,7 @@ pub fn log_uniform(src: &mut impl Source, lo: usize, hi: usize) -> usize {
 
 /// Sizes where the allocator changes its mind: class edges, the small,
 /// medium and large tiers, the segment and the large cache's bounds.
-const EDGE_SIZES: [usize; 18] = [
+const EDGE_SIZES: [usize; 20] = [
     8,
     9,
     16,
@@ -250,6 +250,8 @@ const EDGE_SIZES: [usize; 18] = [
     8 * KIB + 1,
     128 * KIB,
     128 * KIB + 1,
+    256 * KIB,
+    256 * KIB + 1,
     512 * KIB,
     4 * MIB - 4 * KIB,
     4 * MIB,
@@ -259,15 +261,15 @@ const EDGE_SIZES: [usize; 18] = [
 ];
 
 /// A request size covering every tier: 0, 1..=16, up to 1 KiB, up to
-/// 128 KiB, 128 KiB..8 MiB, rarely up to 64 MiB; a few exact class sizes
+/// 256 KiB, 256 KiB..8 MiB, rarely up to 64 MiB; a few exact class sizes
 /// and their neighbours.
 pub fn gen_size(src: &mut impl Source) -> usize {
     match src.below(1000) {
         0..=39 => 0,
         40..=339 => 1 + src.below(16),
         340..=719 => log_uniform(src, 17, KIB),
-        720..=879 => log_uniform(src, KIB + 1, 128 * KIB),
-        880..=939 => log_uniform(src, 128 * KIB + 1, 8 * MIB),
+        720..=879 => log_uniform(src, KIB + 1, 256 * KIB),
+        880..=939 => log_uniform(src, 256 * KIB + 1, 8 * MIB),
         940..=997 => {
             let n = EDGE_SIZES[src.below(EDGE_SIZES.len())];
             // A class size itself, or one byte more or less.

@@ -496,7 +496,7 @@ mod tests {
     #[test]
     fn large_blocks_are_above_the_recycle_cache_and_few() {
         // tlmalloc's LARGE_CACHE_SIZE_MAX (128 MiB); tl_prewarm takes at
-        // most 8 blocks above 128 KiB.
+        // most 8 blocks above 256 KiB.
         assert!(LARGE_SIZES.iter().all(|&s| s > 128 << 20));
         assert!(LARGE_SIZES.len() <= 8);
     }
