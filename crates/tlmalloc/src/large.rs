@@ -519,7 +519,13 @@ unsafe fn reuse_fitted(segment: *mut Segment, usable: usize) -> *mut u8 {
     unsafe {
         let p = large_reuse(segment, usable);
         let slack = TRIM_SLACK.max(usable / 8);
-        if ((*segment).map_size > SEGMENT_SIZE || (*segment).large_touched > usable + slack)
+        // What `give_back_excess` would cut, over-estimated (the block's
+        // offset and guard only shrink the excess): a mapping more than
+        // `slack` past the block, or touched memory more than `slack`
+        // past it. A loop of one size over a whole mapping comes here never.
+        let map = (*segment).map_size;
+        if ((map > SEGMENT_SIZE && map - usable > slack)
+            || (*segment).large_touched > usable + slack)
             && !rt_level::defers()
         {
             give_back_excess(segment, p, usable, slack);
