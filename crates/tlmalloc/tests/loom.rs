@@ -340,7 +340,7 @@ fn cached_large(usable: usize) -> Shared<Segment> {
 
 #[test]
 fn shared_cache_put_and_take_race() {
-    const USABLE: usize = 256 << 10; // one bin
+    const USABLE: usize = 512 << 10; // one bin (a large class: above MEDIUM_SIZE_MAX)
     loom::model(|| {
         let cache = Arc::new(SharedLargeCache::new());
         let a = cached_large(USABLE);
@@ -386,7 +386,7 @@ fn shared_cache_put_and_take_race() {
 
 #[test]
 fn shared_cache_bound_holds_under_racing_puts() {
-    const USABLE: usize = 256 << 10;
+    const USABLE: usize = 512 << 10;
     loom::model(|| {
         let cache = Arc::new(SharedLargeCache::new());
         let a = cached_large(USABLE);
