@@ -38,7 +38,9 @@ fn addresses_of_loop(size: usize, rounds: usize) -> usize {
 
 #[test]
 fn a_loop_above_the_direct_range_reuses_one_block() {
-    for size in [1025, 1536, 2048, 4096, 8192, 16384, 65536, 131072] {
+    for size in [
+        1025, 1536, 2048, 4096, 8192, 16384, 65536, 131072, 196608, 262144,
+    ] {
         let distinct = addresses_of_loop(size, 1000);
         // The first malloc of a fresh page may come from the untouched
         // part; from the first free on, the same block comes back.
