@@ -60,7 +60,7 @@ pub unsafe extern "C" fn tl_stats(out: *mut Stats) -> c_int {
         return 0;
     }
     // An older, shorter layout: the core reads into a buffer of its own and
-    // copies the caller's prefix (later versions only append fields).
+    // copies the caller's prefix (later versions only append classes or fields).
     // SAFETY: `out` points to a writable `tl_stats_t` of the caller's
     // version, `bytes` long, a prefix of `Stats` (layout assertions below).
     unsafe { tlmalloc_core::stats::stats_prefix_into(out.cast::<u8>(), bytes, version) };

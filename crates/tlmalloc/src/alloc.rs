@@ -80,17 +80,13 @@ fn alloc_recent(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
     // SAFETY: as `alloc_class`; the static heaps' pages have no local
     // frees, so a block from `local_free` is one of a real heap's.
     unsafe {
-        let page = (*ThreadHeap::state_ptr(heap)).current[class];
-        let mut block = Page::pop_recent(page);
-        if block.is_null() {
-            block = Page::pop(page);
-        }
+        let block = Page::pop_recent((*ThreadHeap::state_ptr(heap)).current[class]);
         if !block.is_null() {
             (*heap).counters.class_allocs[class].bump();
             return block.cast();
         }
     }
-    alloc_slow(heap, class)
+    alloc_class(heap, class)
 }
 
 /// Allocate a block of class `class` from `heap`.

@@ -43,8 +43,9 @@ pub fn large_cache_stats() -> LargeCacheStats {
 }
 
 /// The layout version of [`Stats`] (and of C's `tl_stats_t`). A later
-/// version only appends fields, after `classes` (so a caller compiled
-/// against version 1 reads a prefix of what the library writes); the
+/// version only appends: fields after `classes`, or classes (version 2:
+/// 96 classes, up to 256 KiB, where version 1 had 88), so an older
+/// layout is a prefix of the current one ([`stats_prefix_into`]); the
 /// number goes up when it does.
 pub const STATS_VERSION: u32 = 2;
 
