@@ -12,7 +12,7 @@ use crate::config::{
     POOL_ALIGN_MAX,
 };
 use crate::counters;
-use crate::handover;
+use crate::handover::{self, flush_remote_batch};
 use crate::heap::{avail_list, thread_heap, HeapKind, HeapState, ThreadHeap, PROCESS_HEAP};
 use crate::init::{init_thread_heap, thread_heap_or_init};
 use crate::large::{self, Origin};
@@ -229,6 +229,12 @@ fn alloc_slow(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
     let h = unsafe { &*heap };
     if kind != HeapKind::Process {
         h.tick_purge();
+    }
+    if kind == HeapKind::Thread {
+        // A thread that frees into other heaps' pages and allocates too
+        // hands its waiting frees over at each change of page.
+        // SAFETY: `[remote-batch]`: our own thread heap.
+        unsafe { flush_remote_batch(h) };
     }
     let was = h.begin_change();
     // SAFETY: `[heap-busy]`: inside a change.

@@ -10,15 +10,19 @@ use crate::os;
 use crate::purge::{self, PurgePolicy};
 use crate::size_class::CLASS_COUNT;
 
-/// Return what the calling thread can return now: remote frees are collected,
-/// empty pages released, abandoned segments adopted (releasing the empty
-/// ones), and every cache (this thread's, the shared large-block level, the
-/// segment cache) given back to the OS.
+/// Return what the calling thread can return now: its own waiting remote
+/// frees handed to their pages, remote frees collected, empty pages
+/// released, abandoned segments adopted (releasing the empty ones), and
+/// every cache (this thread's, the shared large-block level, the segment
+/// cache) given back to the OS.
 pub fn collect() {
     let heap = thread_heap();
     // SAFETY: `[tls-heap]`; `[heap-owner]`: a thread heap's state is ours.
     unsafe {
         if (*heap).kind() == HeapKind::Thread {
+            // `[remote-batch]`: our own batch; first, so frees into our own
+            // pages (adopted since) are collected below.
+            handover::flush_remote_batch(&*heap);
             let was = (*heap).begin_change();
             let state = (*heap).state();
             while ABANDONED.maybe_nonempty() && handover::adopt(heap, state, None) {}
@@ -35,13 +39,15 @@ pub fn collect() {
     purge::purge_shared(os::now_ms(), true);
 }
 
-/// The cheap part of `collect`: the calling thread's own heap only (remote
-/// frees collected, empty pages released), then a purge pass of what is due.
+/// The cheap part of `collect`: the calling thread's own heap only (its
+/// waiting remote frees handed over, remote frees collected, empty pages
+/// released), then a purge pass of what is due.
 pub fn collect_thread() {
     let heap = thread_heap();
     // SAFETY: `[tls-heap]`; `[heap-owner]`.
     unsafe {
         if (*heap).kind() == HeapKind::Thread {
+            handover::flush_remote_batch(&*heap);
             let was = (*heap).begin_change();
             let state = (*heap).state();
             sweep(state);

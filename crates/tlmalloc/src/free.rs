@@ -5,7 +5,7 @@
 
 use crate::abandoned::ABANDONED;
 use crate::counters::RETIRED;
-use crate::handover::release_abandoned;
+use crate::handover::{flush_remote_batch, publish_chain, release_abandoned};
 use crate::heap::{thread_heap, HeapKind, ThreadHeap};
 use crate::large;
 use crate::os::{self, valgrind};
@@ -13,8 +13,11 @@ use crate::page::{Block, Page};
 use crate::poison;
 use crate::purge;
 use crate::purger;
+use crate::registry;
+use crate::remote_batch;
 use crate::report;
 use crate::segment::{Segment, SegmentKind};
+use crate::sync::Ordering;
 
 /// Free `p`, a block this allocator handed out and not yet freed.
 ///
@@ -105,6 +108,12 @@ unsafe fn free_local_suspect(heap: &ThreadHeap, p: *mut u8, key: usize) {
     let block = p.cast::<Block>();
     // SAFETY: `[segment-header]`: `p` lies in a live small or medium segment.
     let page = unsafe { Segment::page_of(Segment::of(p), p) };
+    // A block waiting in another thread's batch of remote frees is on no
+    // list yet (`[remote-batch]`): asked first, so that a batch published
+    // meanwhile is on `thread_free` when `holds_free` collects it.
+    if registry::remote_batch_on(page) {
+        report::misuse("free", p, "double free (already freed by another thread)");
+    }
     // SAFETY: `page` is a page `heap` owns, and the caller is its owner.
     if unsafe { (*page).holds_free(block) } {
         report::misuse("free", p, "double free");
@@ -198,11 +207,49 @@ unsafe fn free_slow(segment: *mut Segment, p: *mut u8) {
         }
         poison::fill_freed(p, (*page).block_size);
         count_remote_free((*page).class as usize);
+        // A live thread heap's block (its key is its address: bit 0 clear)
+        // may wait in the freeing thread's batch (`[remote-batch]`): not a
+        // user heap's, which its destruction may unmap with the batch
+        // still holding it, nor an abandoned segment's, counted above.
+        if key & 1 == 0 && key != 0 && remote_batch::batchable((*segment).kind) {
+            let me = &*thread_heap();
+            if me.kind() == HeapKind::Thread {
+                return batch_remote_free(me, page, block);
+            }
+        }
         // `[thread-free]`: the block is ours until the push publishes it;
         // after it, the segment is touched again only by its holder.
-        (*page).thread_free.push(p.cast(), (*page).link_key());
+        (*page).thread_free.push(block, (*page).link_key());
         if holder {
             release_abandoned(segment);
+        }
+    }
+}
+
+/// Add a remotely freed `block` of `page` to `heap`'s batch, publishing
+/// the batch first if it collects for another page, and after if full.
+///
+/// # Safety
+/// `heap` is the calling thread's thread heap; `block` a live block of
+/// `page`, whose segment a live thread heap other than `heap` owns, being
+/// freed once (its key written).
+#[inline]
+unsafe fn batch_remote_free(heap: &ThreadHeap, page: *mut Page, block: *mut Block) {
+    // SAFETY: caller contract; `[remote-batch]`: the batch is this thread's.
+    unsafe {
+        let batch = heap.remote_batch();
+        let full = if batch.page() == page {
+            batch.add(page, block, (*page).link_key())
+        } else {
+            if let Some(chain) = batch.take() {
+                publish_chain(chain);
+            }
+            let full = batch.start(page, block);
+            heap.remote_page().store(page, Ordering::Release);
+            full
+        };
+        if full {
+            flush_remote_batch(heap);
         }
     }
 }

@@ -5,8 +5,14 @@
 //! remote frees are collected, empty pages and segments are released, and
 //! every segment still in use is abandoned (`abandoned.rs`, protocol
 //! `[abandoned]`). A live heap that needs pages adopts one ([`adopt`]).
+//!
+//! Remote frees that waited in a thread's batch (`remote_batch.rs`) are
+//! handed to their pages here too ([`publish_chain`]): in one push while
+//! the page's owner lives, block by block through `[abandoned]` step 4
+//! when it exited meanwhile.
 
 use core::ffi::c_void;
+use core::ptr;
 
 use crate::abandoned::ABANDONED;
 use crate::arena;
@@ -15,10 +21,13 @@ use crate::heap::{set_thread_heap, HeapKind, HeapState, ThreadHeap, DEAD_HEAP, L
 use crate::heap_pool;
 use crate::large;
 use crate::large_cache::SHARED;
-use crate::page::Page;
+use crate::os::valgrind;
+use crate::page::{decode_link, Page};
 use crate::registry;
+use crate::remote_batch::Chain;
 use crate::segment::{Segment, SegmentKind};
 use crate::size_class::CLASS_COUNT;
+use crate::sync::Ordering;
 
 /// The pthread-key destructor (`os::register_thread_exit`): hand the
 /// thread's memory to live threads and its heap back to the pool.
@@ -32,6 +41,9 @@ pub fn thread_exit(value: *mut c_void) {
         }
         // From here on this thread's allocations go to the process heap.
         set_thread_heap(&DEAD_HEAP);
+        // The frees this thread made into other heaps' pages reach them
+        // now (its later ones go straight to the pages: it has no batch).
+        flush_remote_batch(&*heap);
         // Busy until the heap is pooled (a pooled heap is rewritten whole).
         (*heap).begin_change();
         abandon_heap((*heap).state());
@@ -169,6 +181,79 @@ unsafe fn queue_segment(state: &mut HeapState, segment: *mut Segment) {
             } else {
                 state.queue_push_back(page);
             }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Remote frees that waited in a batch (`[remote-batch]`)
+// ---------------------------------------------------------------------------
+
+/// Publish `heap`'s batch of remote frees, if it holds any: on its thread's
+/// refills (`alloc.rs`), before the thread's heap is handed over, and when
+/// the batch fills or moves to another page.
+///
+/// # Safety
+/// `heap` is the calling thread's thread heap (or one being torn down by
+/// the only thread that can reach it).
+pub unsafe fn flush_remote_batch(heap: &ThreadHeap) {
+    // SAFETY: caller contract.
+    unsafe {
+        let batch = heap.remote_batch();
+        if let Some(chain) = batch.take() {
+            publish_chain(chain);
+            // Release: after the chain's push, for `registry::remote_batch_on`.
+            heap.remote_page().store(ptr::null_mut(), Ordering::Release);
+        }
+    }
+}
+
+/// Push a batch's chain onto its page's `thread_free`: with one CAS while
+/// the page's segment has an owner; block by block, each counted off the
+/// segment's live blocks (`[abandoned]` step 4), when the owner exited
+/// while the blocks waited. (An owner that exits between the check and
+/// the push leaves the abandoned count too high: the segment waits for
+/// adoption or the purger, as a single free racing the exit does.)
+///
+/// # Safety
+/// `chain` was taken out of the calling thread's batch (`[remote-batch]`):
+/// its blocks are unpublished, so their segment is mapped.
+#[inline(never)]
+pub unsafe fn publish_chain(chain: Chain) {
+    // SAFETY: caller contract; every block of the chain is ours until pushed.
+    unsafe {
+        let page = chain.page;
+        let key = (*page).link_key();
+        let segment = Segment::of(chain.head.cast());
+        if (*segment).owner() != 0 {
+            (*page)
+                .thread_free
+                .push_chain(chain.head, chain.tail, chain.len, key);
+            return;
+        }
+        let mut holder = false;
+        let mut at = chain.head;
+        loop {
+            // Read the link before the push rewrites it.
+            let next = if at == chain.tail {
+                ptr::null_mut()
+            } else {
+                valgrind::open_word(at.cast());
+                let next = decode_link((*at).next, key);
+                valgrind::close_word(at.cast());
+                next
+            };
+            // Counted before the push, while the blocks still unpublished
+            // keep the segment from being released under us.
+            holder |= ABANDONED.count_free(segment);
+            (*page).thread_free.push(at, key);
+            if next.is_null() {
+                break;
+            }
+            at = next;
+        }
+        if holder {
+            release_abandoned(segment);
         }
     }
 }

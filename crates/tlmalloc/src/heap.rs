@@ -27,10 +27,11 @@ use crate::lock::SpinLock;
 use crate::os;
 use crate::page::Page;
 use crate::purge::{self, PurgeClock, PurgePolicy};
+use crate::remote_batch::RemoteBatch;
 use crate::retired_pages::RetiredPages;
 use crate::segment::{Segment, SegmentKind};
 use crate::size_class::{class_size, CLASS_COUNT};
-use crate::sync::{compiler_fence, AtomicBool, Ordering};
+use crate::sync::{compiler_fence, AtomicBool, AtomicPtr, Ordering};
 
 /// What a heap is, which decides what its slow path does.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -150,6 +151,13 @@ pub struct ThreadHeap {
     /// User heaps: their large blocks, which any thread may free (so the
     /// list has a lock; it nests nothing). Linked through `Segment::links`.
     owned_large: SpinLock<LargeList>,
+    /// A thread heap's batch of remote frees (`[remote-batch]`): its
+    /// thread's alone, apart from `state` so that the remote free path
+    /// needs no change (`[heap-busy]`) and the purger never sees it.
+    remote: UnsafeCell<RemoteBatch>,
+    /// The page `remote` collects for (null: empty), published for an
+    /// owner that suspects a double free (`free::free_local_suspect`).
+    remote_page: AtomicPtr<Page>,
 }
 
 /// A user heap's large blocks.
@@ -210,6 +218,8 @@ impl ThreadHeap {
                 blocks: List::new(),
                 poisoned: false,
             }),
+            remote: UnsafeCell::new(RemoteBatch::new()),
+            remote_page: AtomicPtr::new(ptr::null_mut()),
         }
     }
 
@@ -264,6 +274,27 @@ impl ThreadHeap {
     pub unsafe fn state(&self) -> &mut HeapState {
         // SAFETY: caller contract.
         unsafe { &mut *self.state.get() }
+    }
+
+    /// The heap's batch of remote frees (`[remote-batch]`).
+    ///
+    /// # Safety
+    /// The calling thread is the heap's thread (or the thread that tears
+    /// the heap down), the heap is a thread heap, and no other borrow of
+    /// the batch is alive.
+    #[inline(always)]
+    #[allow(clippy::mut_from_ref)] // exclusivity is the caller's contract
+    pub unsafe fn remote_batch(&self) -> &mut RemoteBatch {
+        // SAFETY: caller contract.
+        unsafe { &mut *self.remote.get() }
+    }
+
+    /// The published page of the heap's batch of remote frees (written by
+    /// the heap's thread after each change of the batch's page, read by
+    /// any thread).
+    #[inline(always)]
+    pub fn remote_page(&self) -> &AtomicPtr<Page> {
+        &self.remote_page
     }
 
     /// A raw pointer to the owner-only state (the fast paths read through

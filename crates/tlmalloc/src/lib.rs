@@ -63,6 +63,7 @@ mod rt_level;
 #[doc(hidden)]
 pub mod page;
 mod poison;
+mod remote_batch;
 #[doc(hidden)]
 pub mod segment;
 #[cfg(not(loom))]

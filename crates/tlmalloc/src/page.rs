@@ -92,9 +92,11 @@ fn new_link_key(_page: *const Page) -> usize {
 /// the key, and a block in use carries 0 until the program writes to it. A
 /// free that finds the key already there is a double free, or user data
 /// equal to the key: the owner tells them apart by looking for the block on
-/// its page's lists; another thread cannot look, and reports it, which is
-/// sound because no program holds the address of a thread's heap (it is
-/// never handed out) or a user heap's address plus one.
+/// its page's lists, after asking whether another thread's batch of remote
+/// frees (not on any list yet: `[remote-batch]`) collects for the page, in
+/// which case it reports the block; another thread cannot look, and
+/// reports it, which is sound because no program holds the address of a
+/// thread's heap (it is never handed out) or a user heap's address plus one.
 #[repr(C)]
 pub struct Block {
     /// The next free block of the same list, or null.
@@ -158,17 +160,33 @@ impl ThreadFree {
     /// `block` is a block of this page, allocated and not yet freed, at an
     /// address below `2^THREAD_FREE_LEN_SHIFT`, and the caller gives up all
     /// access to it; `key` is the page's `link_key`.
+    #[inline]
     pub unsafe fn push(&self, block: *mut Block, key: usize) {
-        debug_assert!(block as usize & !HEAD_MASK == 0);
+        // SAFETY: caller contract: a chain of one block.
+        unsafe { self.push_chain(block, block, 1, key) }
+    }
+
+    /// Push `len` blocks freed by one non-owner thread at once: `head`
+    /// links (encoded with `key`) through the others to `tail`, whose link
+    /// is written here. One CAS for the whole chain (`remote_batch.rs`).
+    ///
+    /// # Safety
+    /// The chain holds `len >= 1` distinct blocks of this page, each
+    /// allocated and freed once since, at addresses below
+    /// `2^THREAD_FREE_LEN_SHIFT`; the caller gives up all access to them;
+    /// `key` is the page's `link_key`.
+    #[inline]
+    pub unsafe fn push_chain(&self, head: *mut Block, tail: *mut Block, len: u32, key: usize) {
+        debug_assert!(head as usize & !HEAD_MASK == 0 && len >= 1);
         let mut now = self.0.load(Ordering::Relaxed);
         loop {
-            let head = (now & HEAD_MASK) as *mut Block;
-            valgrind::open_word(block.cast());
-            // SAFETY: the caller owns `block` until the CAS below publishes it.
-            unsafe { (*block).next = encode_link(head, key) };
-            valgrind::close_word(block.cast());
-            let len = now >> THREAD_FREE_LEN_SHIFT;
-            let new = block as usize | (len + 1) << THREAD_FREE_LEN_SHIFT;
+            let old = (now & HEAD_MASK) as *mut Block;
+            valgrind::open_word(tail.cast());
+            // SAFETY: the caller owns the chain until the CAS below publishes it.
+            unsafe { (*tail).next = encode_link(old, key) };
+            valgrind::close_word(tail.cast());
+            let count = (now >> THREAD_FREE_LEN_SHIFT) + len as usize;
+            let new = head as usize | count << THREAD_FREE_LEN_SHIFT;
             match self
                 .0
                 .compare_exchange_weak(now, new, Ordering::Release, Ordering::Relaxed)

@@ -8,6 +8,7 @@ use crate::counters::HeapCounters;
 use crate::heap::{HeapKind, ThreadHeap, PROCESS_HEAP};
 use crate::list::List;
 use crate::lock::SpinLock;
+use crate::page::Page;
 use crate::sync::{AtomicUsize, Ordering};
 
 /// Every live thread heap and user heap, linked through their registry links.
@@ -142,6 +143,29 @@ pub(crate) fn for_each_heap_counters(
     };
     visit(Some(&PROCESS_HEAP.lock().counters));
     alive
+}
+
+/// Whether a live thread heap's batch of remote frees collects for `page`
+/// (`[remote-batch]`): the blocks of such a batch carry their owner's free
+/// key but are on none of the page's lists yet, so an owner that finds a
+/// keyed block it cannot find on them asks here before it calls the block
+/// live. Under the registry's lock; a cold path (a suspected double free).
+pub(crate) fn remote_batch_on(page: *mut Page) -> bool {
+    let r = HEAPS.lock();
+    let mut heap = r.heaps.first();
+    while !heap.is_null() {
+        // SAFETY: `[registry]`: registered heaps are live while the lock is
+        // held; the batch's page is published through an atomic.
+        unsafe {
+            // Acquire: pairs with the batch thread's release after it
+            // published a chain, so a batch seen gone is on `thread_free`.
+            if (*heap).remote_page().load(Ordering::Acquire) == page {
+                return true;
+            }
+            heap = List::next(heap);
+        }
+    }
+    false
 }
 
 /// The purger's marking step (`[purge-handshake]`): under the lock, set

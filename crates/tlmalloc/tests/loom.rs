@@ -1,8 +1,10 @@
 //! Model checks of the lock-free protocols, run on the real code:
 //! `RUSTFLAGS="--cfg loom" cargo test -p tlmalloc --release --test loom`.
 //!
-//! 1. Remote frees (`ThreadFree::push`) racing the owner's local frees and
-//!    `Page::collect_remote`: every block comes back exactly once.
+//! 1. Remote frees (`ThreadFree::push`, and `ThreadFree::push_chain` for a
+//!    thread's batch of them) racing the owner's local frees and
+//!    `Page::collect_remote`: every block comes back exactly once, and the
+//!    page's count of blocks in use returns to zero.
 //! 2. Thread exit racing a remote free and an adoption: the exiting owner
 //!    settles its segment with `Segment::collect_remote_frees` and
 //!    `Abandoned::abandon` (what `handover::abandon_heap` runs per
@@ -140,6 +142,57 @@ fn remote_frees_race_owner_collect() {
         // SAFETY: as above.
         let page = unsafe { &*page.0 };
         assert_eq!(page.used, 0);
+        assert_eq!(free_list(page), handed.iter().copied().collect());
+    });
+}
+
+#[test]
+fn batched_remote_frees_race_a_single_push_and_owner_collect() {
+    loom::model(|| {
+        let (segment, handed) = segment_with_blocks(4, 1);
+        // SAFETY: the segment is live for the whole model.
+        let page = Shared(unsafe { &mut (*segment.0).pages[0] as *mut Page });
+        // One thread publishes a batch of two blocks with one CAS
+        // (`ThreadFree::push_chain`, as `handover::publish_chain` does),
+        // another pushes a single block.
+        let (a, b, c) = (handed[0], handed[1], handed[2]);
+        let batch = thread::spawn(move || {
+            let page = page;
+            // SAFETY: two live blocks of the page, freed once, linked head
+            // `b` -> tail `a` as `RemoteBatch` links them; only the atomic
+            // `thread_free` is touched from this thread after that.
+            unsafe {
+                let key = (*page.0).link_key();
+                (*(b as *mut Block)).next = tlmalloc::page::encode_link(a as *mut Block, key);
+                (*page.0)
+                    .thread_free
+                    .push_chain(b as *mut Block, a as *mut Block, 2, key);
+            }
+        });
+        let single = thread::spawn(move || {
+            let page = page;
+            // SAFETY: a live block of the page, freed once.
+            unsafe {
+                (*page.0)
+                    .thread_free
+                    .push(c as *mut Block, (*page.0).link_key())
+            };
+        });
+        // SAFETY: the owner's fields are touched only by this thread.
+        unsafe {
+            (*page.0).push_local(handed[3] as *mut Block);
+            (*page.0).collect_remote();
+        }
+        batch.join().unwrap();
+        single.join().unwrap();
+        // SAFETY: every other thread has finished.
+        unsafe {
+            (*page.0).collect_remote();
+            (*page.0).collect_local();
+        }
+        // SAFETY: as above.
+        let page = unsafe { &*page.0 };
+        assert_eq!(page.used, 0, "the chain's length was counted whole");
         assert_eq!(free_list(page), handed.iter().copied().collect());
     });
 }

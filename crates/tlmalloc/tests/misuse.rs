@@ -176,6 +176,62 @@ fn double_free_twice_remote_is_reported() {
     );
 }
 
+/// A block another thread freed waits in that thread's batch of remote
+/// frees, on none of its page's lists: the owner's second free of it is
+/// still reported.
+#[test]
+fn double_free_by_the_owner_after_a_remote_free_is_reported() {
+    expect_free_report(
+        "double_free_by_the_owner_after_a_remote_free_is_reported",
+        "local-after-remote-waiting",
+        "double free (already freed by another thread)",
+        || {
+            let p = addr(tlmalloc::malloc(64));
+            let (freed_tx, freed_rx) = std::sync::mpsc::channel::<()>();
+            let (_hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+            std::thread::spawn(move || {
+                // A heap of its own, so that its remote frees are batched.
+                let q = tlmalloc::malloc(16);
+                // SAFETY: `q` is ours; the free of `p` is legal (the first).
+                unsafe {
+                    tlmalloc::free(q);
+                    tlmalloc::free(p as *mut u8);
+                }
+                freed_tx.send(()).ok();
+                hold_rx.recv().ok(); // alive, its batch unpublished
+            });
+            freed_rx.recv().ok();
+            // SAFETY: deliberately wrong: the block is free already.
+            unsafe { tlmalloc::free(p as *mut u8) };
+        },
+    );
+}
+
+/// As above, once the other thread exited and its batch was published.
+#[test]
+fn double_free_by_the_owner_after_a_published_remote_free_is_reported() {
+    expect_free_report(
+        "double_free_by_the_owner_after_a_published_remote_free_is_reported",
+        "local-after-remote-published",
+        "double free",
+        || {
+            let p = addr(tlmalloc::malloc(64));
+            std::thread::spawn(move || {
+                let q = tlmalloc::malloc(16);
+                // SAFETY: as above; the thread's exit publishes its batch.
+                unsafe {
+                    tlmalloc::free(q);
+                    tlmalloc::free(p as *mut u8);
+                }
+            })
+            .join()
+            .ok();
+            // SAFETY: deliberately wrong: the block is free already.
+            unsafe { tlmalloc::free(p as *mut u8) };
+        },
+    );
+}
+
 #[test]
 fn interior_pointer_freed_by_another_thread_is_reported() {
     expect_free_report(
