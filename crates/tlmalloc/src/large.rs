@@ -34,7 +34,7 @@ use crate::report;
 use crate::rt_level;
 use crate::segment::{Segment, SegmentKind, LARGE_GUARD, METADATA_END};
 use crate::segment_map::{self, CHUNK_FOREIGN, CHUNK_HEADER_BELOW, CHUNK_SEGMENT};
-use crate::size_class::{class_of_const, class_size_const};
+use crate::size_class::class_size_of;
 use crate::sync::{AtomicUsize, Ordering};
 
 #[inline]
@@ -57,7 +57,7 @@ pub const fn large_usable(size: usize) -> Option<usize> {
         } else {
             size
         };
-        Some(class_size_const(class_of_const(n)))
+        Some(class_size_of(n))
     } else {
         round_up(size, OS_PAGE_SIZE)
     }

@@ -72,6 +72,18 @@ pub const fn class_size_const(c: usize) -> usize {
     }
 }
 
+/// The block size of `n`'s class for `n > 128`, beyond the classes served
+/// from pages too (the large tier's classes continue the pattern): the
+/// same value as `class_size_const(class_of_const(n))`, without going
+/// through the class index (a leading-zero count, two shifts and an add).
+#[inline]
+pub const fn class_size_of(n: usize) -> usize {
+    debug_assert!(n > 128);
+    let m = n - 1;
+    let shift = usize::BITS - 1 - m.leading_zeros() - 3; // floor(log2(n - 1)) - 3 >= 4
+    ((m >> shift) + 1) << shift
+}
+
 /// The class of a request of `n <= MEDIUM_SIZE_MAX` bytes.
 #[inline(always)]
 pub fn class_of(n: usize) -> usize {
@@ -110,3 +122,23 @@ pub const fn natural_alignment(size: usize, cap: usize) -> usize {
 const _: () = assert!(class_size_const(CLASS_COUNT - 1) == MEDIUM_SIZE_MAX);
 const _: () = assert!(class_size_const(FIRST_MEDIUM_CLASS - 1) == SMALL_SIZE_MAX);
 const _: () = assert!(CLASS_COUNT <= 255, "classes are stored in a u8");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn class_size_of_is_the_size_of_the_class() {
+        let mut n = 129usize;
+        while n < 1 << 40 {
+            for d in [0usize, 1, 2] {
+                let m = n + d;
+                assert_eq!(class_size_of(m), class_size_const(class_of_const(m)), "{m}");
+            }
+            n = n + n / 7 + 1;
+        }
+        for m in 129..70_000 {
+            assert_eq!(class_size_of(m), class_size_const(class_of_const(m)), "{m}");
+        }
+    }
+}
