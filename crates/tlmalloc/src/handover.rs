@@ -21,8 +21,7 @@ use crate::heap::{set_thread_heap, HeapKind, HeapState, ThreadHeap, DEAD_HEAP, L
 use crate::heap_pool;
 use crate::large;
 use crate::large_cache::SHARED;
-use crate::os::valgrind;
-use crate::page::{decode_link, Page};
+use crate::page::Page;
 use crate::registry;
 use crate::remote_batch::Chain;
 use crate::segment::{Segment, SegmentKind};
@@ -233,15 +232,15 @@ pub unsafe fn publish_chain(chain: Chain) {
         }
         let mut holder = false;
         let mut at = chain.head;
-        loop {
+        // Exactly `len` blocks: the tail's link is not written yet, and a
+        // link overwritten after the free (a write after free) is caught
+        // with `secure` rather than followed.
+        for left in (0..chain.len).rev() {
             // Read the link before the push rewrites it.
-            let next = if at == chain.tail {
+            let next = if left == 0 {
                 ptr::null_mut()
             } else {
-                valgrind::open_word(at.cast());
-                let next = decode_link((*at).next, key);
-                valgrind::close_word(at.cast());
-                next
+                (*page).next_checked(at)
             };
             // Counted before the push, while the blocks still unpublished
             // keep the segment from being released under us.

@@ -409,6 +409,24 @@ impl Page {
                 && self.starts_block(next.cast()))
     }
 
+    /// The link stored in `block`, a free block of this page, decoded;
+    /// with `secure` (or `check`), a link that is no block of this page
+    /// stops the process (`[link-encoding]`). For walks of a chain that no
+    /// list holds yet (`handover::publish_chain`).
+    ///
+    /// # Safety
+    /// `block` is a free block of this page that the caller holds.
+    pub unsafe fn next_checked(&self, block: *mut Block) -> *mut Block {
+        valgrind::open_word(block.cast());
+        // SAFETY: caller contract.
+        let next = decode_link(unsafe { (*block).next }, self.link_key());
+        valgrind::close_word(block.cast());
+        if (cfg!(feature = "secure") || cfg!(feature = "check")) && !self.link_ok(next) {
+            link_corrupted(block);
+        }
+        next
+    }
+
     /// The first block (meaningless for a slot not in use).
     #[inline(always)]
     pub fn area(&self) -> *mut u8 {

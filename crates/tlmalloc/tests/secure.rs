@@ -84,6 +84,58 @@ fn forged_remote_link_is_refused() {
     assert!(line.contains("free-list link corrupted"), "{line}");
 }
 
+/// A remotely freed block waiting in its thread's batch, its link
+/// overwritten after the free, while its owner exits: the batch is then
+/// published block by block (`handover::publish_chain`), and the forged
+/// link is refused rather than followed.
+#[test]
+fn forged_link_in_a_waiting_batch_is_refused() {
+    if std::env::var(CASE_VAR).as_deref() == Ok("forge-batch") {
+        use std::sync::mpsc::channel;
+        let mut target = [0u8; 256];
+        let forged = target.as_mut_ptr() as usize;
+        let (blocks_tx, blocks_rx) = channel::<(usize, usize)>();
+        let (exit_tx, exit_rx) = channel::<()>();
+        let owner = std::thread::spawn(move || {
+            let a = tlmalloc::malloc(48) as usize;
+            let b = tlmalloc::malloc(48) as usize;
+            blocks_tx.send((a, b)).unwrap();
+            exit_rx.recv().unwrap();
+        });
+        let (a, b) = blocks_rx.recv().unwrap();
+        let (freed_tx, freed_rx) = channel::<()>();
+        let (go_tx, go_rx) = channel::<()>();
+        let freer = std::thread::spawn(move || {
+            // A heap of its own, so that its remote frees wait in a batch.
+            let q = tlmalloc::malloc(16);
+            // SAFETY: `q` is ours; `a` and `b` are live, freed once.
+            unsafe {
+                tlmalloc::free(q);
+                tlmalloc::free(a as *mut u8);
+                tlmalloc::free(b as *mut u8);
+            }
+            freed_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+        });
+        freed_rx.recv().unwrap();
+        // SAFETY: deliberately wrong: the waiting block's link is overwritten.
+        unsafe { (b as *mut usize).write_volatile(forged) };
+        exit_tx.send(()).unwrap();
+        owner.join().unwrap();
+        go_tx.send(()).unwrap();
+        freer.join().ok();
+        unreachable!("the forged link of a waiting batch was followed without a report");
+    }
+    let out = common::run_child(
+        "forged_link_in_a_waiting_batch_is_refused",
+        CASE_VAR,
+        "forge-batch",
+    );
+    let stderr = common::aborted_stderr(&out);
+    let line = common::report_line(&stderr, "malloc");
+    assert!(line.contains("free-list link corrupted"), "{line}");
+}
+
 /// Links are stored encoded: a free block's first word is not the address
 /// of the next free block (nor null at the end of a list).
 #[test]
