@@ -5,7 +5,7 @@
 //!
 //! A producer/consumer pair frees every block remotely, and consecutive
 //! blocks come from the same page of the producer, so one CAS serves up to
-//! [`BATCH_MAX`] frees: `xthread` ran 1.9× faster with it. The batch is a
+//! [`BATCH_MAX`] frees: `xthread` ran about 2× faster with it. The batch is a
 //! plain container; when it is published, and what a publish does for a
 //! page whose owner has exited meanwhile, is `free.rs`'s
 //! (`flush_remote_batch`).
