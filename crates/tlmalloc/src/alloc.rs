@@ -230,13 +230,13 @@ fn alloc_slow(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
     if kind != HeapKind::Process {
         h.tick_purge();
     }
+    let was = h.begin_change();
     if kind == HeapKind::Thread {
         // A thread that frees into other heaps' pages and allocates too
         // hands its waiting frees over at each change of page.
-        // SAFETY: `[remote-batch]`: our own thread heap.
+        // SAFETY: `[remote-batch]`: our own thread heap, inside a change.
         unsafe { flush_remote_batch(h) };
     }
-    let was = h.begin_change();
     // SAFETY: `[heap-busy]`: inside a change.
     let state = unsafe { h.state() };
     #[cfg(feature = "check")]

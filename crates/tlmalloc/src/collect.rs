@@ -20,10 +20,10 @@ pub fn collect() {
     // SAFETY: `[tls-heap]`; `[heap-owner]`: a thread heap's state is ours.
     unsafe {
         if (*heap).kind() == HeapKind::Thread {
-            // `[remote-batch]`: our own batch; first, so frees into our own
-            // pages (adopted since) are collected below.
-            handover::flush_remote_batch(&*heap);
             let was = (*heap).begin_change();
+            // `[remote-batch]`: our own batch, inside a change; first, so
+            // frees into our own pages (adopted since) are collected below.
+            handover::flush_remote_batch(&*heap);
             let state = (*heap).state();
             while ABANDONED.maybe_nonempty() && handover::adopt(heap, state, None) {}
             sweep(state);
@@ -47,8 +47,8 @@ pub fn collect_thread() {
     // SAFETY: `[tls-heap]`; `[heap-owner]`.
     unsafe {
         if (*heap).kind() == HeapKind::Thread {
-            handover::flush_remote_batch(&*heap);
             let was = (*heap).begin_change();
+            handover::flush_remote_batch(&*heap);
             let state = (*heap).state();
             sweep(state);
             let now = os::now_ms();

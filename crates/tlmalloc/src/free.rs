@@ -251,6 +251,9 @@ unsafe fn free_remote(segment: *mut Segment, p: *mut u8) {
 /// freed once (its key written).
 #[inline]
 unsafe fn batch_remote_free(heap: &ThreadHeap, page: *mut Page, block: *mut Block) {
+    // `[remote-batch]`: a change, so the purger never publishes the batch
+    // under us (it waits for, or is waited on by, `begin_change`).
+    let was = heap.begin_change();
     // SAFETY: caller contract; `[remote-batch]`: the batch is this thread's.
     unsafe {
         let batch = heap.remote_batch();
@@ -268,6 +271,7 @@ unsafe fn batch_remote_free(heap: &ThreadHeap, page: *mut Page, block: *mut Bloc
             flush_remote_batch(heap);
         }
     }
+    heap.end_change(was);
 }
 
 /// Count a free of a `class` block owned by another heap, in the calling

@@ -40,11 +40,11 @@ pub fn thread_exit(value: *mut c_void) {
         }
         // From here on this thread's allocations go to the process heap.
         set_thread_heap(&DEAD_HEAP);
+        // Busy until the heap is pooled (a pooled heap is rewritten whole).
+        (*heap).begin_change();
         // The frees this thread made into other heaps' pages reach them
         // now (its later ones go straight to the pages: it has no batch).
         flush_remote_batch(&*heap);
-        // Busy until the heap is pooled (a pooled heap is rewritten whole).
-        (*heap).begin_change();
         abandon_heap((*heap).state());
         registry::remove(heap);
         heap_pool::heap_free(heap);
@@ -193,8 +193,10 @@ unsafe fn queue_segment(state: &mut HeapState, segment: *mut Segment) {
 /// the batch fills or moves to another page.
 ///
 /// # Safety
-/// `heap` is the calling thread's thread heap (or one being torn down by
-/// the only thread that can reach it).
+/// `[remote-batch]`: `heap` is the calling thread's thread heap, inside a
+/// change (`[heap-busy]`), or one the background purger holds under
+/// `[purge-handshake]`, or one being torn down by the only thread that can
+/// reach it.
 pub unsafe fn flush_remote_batch(heap: &ThreadHeap) {
     // SAFETY: caller contract.
     unsafe {

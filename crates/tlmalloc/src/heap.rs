@@ -151,9 +151,10 @@ pub struct ThreadHeap {
     /// User heaps: their large blocks, which any thread may free (so the
     /// list has a lock; it nests nothing). Linked through `Segment::links`.
     owned_large: SpinLock<LargeList>,
-    /// A thread heap's batch of remote frees (`[remote-batch]`): its
-    /// thread's alone, apart from `state` so that the remote free path
-    /// needs no change (`[heap-busy]`) and the purger never sees it.
+    /// A thread heap's batch of remote frees (`[remote-batch]`): changed by
+    /// its thread inside a change (`[heap-busy]`), published by the purger
+    /// of an idle heap; apart from `state`, whose `&mut` the purger may
+    /// hold meanwhile.
     remote: UnsafeCell<RemoteBatch>,
     /// The page `remote` collects for (null: empty), published for an
     /// owner that suspects a double free (`free::free_local_suspect`).
@@ -279,9 +280,10 @@ impl ThreadHeap {
     /// The heap's batch of remote frees (`[remote-batch]`).
     ///
     /// # Safety
-    /// The calling thread is the heap's thread (or the thread that tears
-    /// the heap down), the heap is a thread heap, and no other borrow of
-    /// the batch is alive.
+    /// The calling thread is the heap's thread inside a change
+    /// (`[heap-busy]`), the background purger holding the heap under
+    /// `[purge-handshake]`, or the thread that tears the heap down; the
+    /// heap is a thread heap, and no other borrow of the batch is alive.
     #[inline(always)]
     #[allow(clippy::mut_from_ref)] // exclusivity is the caller's contract
     pub unsafe fn remote_batch(&self) -> &mut RemoteBatch {

@@ -15,7 +15,10 @@
 //!    (`[purge-handshake]`): in batches, marks the heaps, issues one
 //!    `membarrier`, and purges each one that was not in a slow path — its
 //!    dirty free pages and cached large blocks, by the same rules its
-//!    owner's clock would apply — then releases it.
+//!    owner's clock would apply — then releases it. A thread heap's batch
+//!    of remote frees (`[remote-batch]`) is published first, so a thread
+//!    that freed into other threads' pages and went quiet holds nothing
+//!    back from them past a pass.
 //!
 //! Each pass also unmaps the ranges deferring (realtime) threads parked
 //! (`rt_pending.rs`); the purger itself is exempt from the realtime floor,
@@ -34,7 +37,8 @@ use core::ffi::c_void;
 use crate::abandoned::ABANDONED;
 use crate::arena::{self, PURGER_ASLEEP};
 use crate::counters::RETIRED;
-use crate::heap::{ThreadHeap, PROCESS_HEAP};
+use crate::handover;
+use crate::heap::{HeapKind, ThreadHeap, PROCESS_HEAP};
 use crate::large;
 use crate::large_cache::SHARED;
 use crate::options::{self, Opt};
@@ -218,6 +222,11 @@ fn visit_heaps(now_ms: u64, policy: PurgePolicy) -> bool {
                 if heap.is_busy() || !HANDSHAKE.load(Ordering::Acquire) {
                     pending = true;
                 } else {
+                    // A thread that freed into other heaps' pages and went
+                    // quiet: its waiting frees reach their pages now.
+                    if heap.kind() == HeapKind::Thread {
+                        handover::flush_remote_batch(heap);
+                    }
                     heap.purge_idle(now_ms, policy);
                     pending |= heap.holds_purgeable();
                 }

@@ -11,7 +11,8 @@
 //! (`flush_remote_batch`).
 //!
 //! Invariant `[remote-batch]`: the batch belongs to the thread of the heap
-//! that holds it (plain fields, no atomics). Its blocks are blocks of
+//! that holds it (plain fields, no atomics), which changes it inside a
+//! change (`[heap-busy]`); the purger publishes it for an idle heap. Its blocks are blocks of
 //! `page` whose frees have not been published: the page still counts them
 //! in `used`, so it is not empty and its segment stays mapped until the
 //! batch is flushed, whatever its owner does meanwhile (an exiting owner
@@ -21,8 +22,11 @@
 //!
 //! What waits is bounded: at most [`BATCH_MAX`] blocks and
 //! [`BATCH_BYTES`] of one page, only blocks of small pages, and the batch
-//! is flushed when its thread frees into another page, refills a page,
-//! or exits.
+//! is published when its thread frees into another page, refills a page,
+//! calls `collect`, or exits, and by the background purger's next pass
+//! over an idle thread's heap. Its thread changes it only inside a change
+//! (`[heap-busy]`), so the purger may publish it under
+//! `[purge-handshake]`.
 
 use core::ptr;
 

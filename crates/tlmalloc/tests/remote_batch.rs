@@ -11,8 +11,10 @@ mod common;
 use std::collections::HashSet;
 use std::sync::mpsc;
 use std::thread;
+use std::time::Duration;
 
 use common::malloc;
+use tlmalloc::options::{self, Opt};
 
 const SIZE: usize = 512;
 
@@ -88,37 +90,95 @@ fn abandoned(block: usize) -> bool {
     found
 }
 
+/// An owner thread that allocated 40 blocks and waits, and a freeing
+/// thread that freed them all (so they wait in its batch) and waits too.
+struct WaitingFrees {
+    /// The first block (its segment is the one watched).
+    first: usize,
+    owner_exit: mpsc::Sender<()>,
+    owner: Option<thread::JoinHandle<()>>,
+    freer_exit: mpsc::Sender<()>,
+    freer: thread::JoinHandle<()>,
+}
+
+impl WaitingFrees {
+    fn start() -> Self {
+        let (tx, rx) = mpsc::channel::<Vec<usize>>();
+        let (owner_exit, exit_rx) = mpsc::channel::<()>();
+        let owner = thread::spawn(move || {
+            own_heap();
+            let blocks: Vec<usize> = (0..40).map(|_| malloc(SIZE) as usize).collect();
+            tx.send(blocks).unwrap();
+            exit_rx.recv().unwrap();
+        });
+        let blocks = rx.recv().unwrap();
+        let first = blocks[0];
+        let (freer_exit, go_rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel();
+        // Freed while the owner lives: all 40 wait in the batch.
+        let freer = freer(blocks, go_rx, done_tx);
+        done_rx.recv().unwrap();
+        WaitingFrees {
+            first,
+            owner_exit,
+            owner: Some(owner),
+            freer_exit,
+            freer,
+        }
+    }
+
+    fn owner_exits(&mut self) {
+        self.owner_exit.send(()).unwrap();
+        self.owner.take().unwrap().join().unwrap();
+    }
+
+    fn freer_exits(self) {
+        self.freer_exit.send(()).unwrap();
+        self.freer.join().unwrap();
+    }
+}
+
 #[test]
 fn a_segment_whose_owner_exited_is_released_when_its_waiting_frees_are_published() {
     let _serial = common::serial();
-    // The owner allocates, hands its blocks over and exits while the other
-    // thread still holds some of their frees in its batch.
-    let (tx, rx) = mpsc::channel::<Vec<usize>>();
-    let (exit_tx, exit_rx) = mpsc::channel::<()>();
-    let owner = thread::spawn(move || {
-        own_heap();
-        let blocks: Vec<usize> = (0..40).map(|_| malloc(SIZE) as usize).collect();
-        tx.send(blocks).unwrap();
-        exit_rx.recv().unwrap();
-    });
-    let blocks = rx.recv().unwrap();
-    let first = blocks[0];
-    let (go_tx, go_rx) = mpsc::channel();
-    let (done_tx, done_rx) = mpsc::channel();
-    // Freed while the owner lives: all 40 wait in the batch.
-    let t = freer(blocks, go_rx, done_tx);
-    done_rx.recv().unwrap();
-    exit_tx.send(()).unwrap();
-    owner.join().unwrap();
+    // The owner exits while the other thread still holds the frees of its
+    // blocks in its batch.
+    let mut w = WaitingFrees::start();
+    let first = w.first;
+    w.owner_exits();
     assert!(
         abandoned(first),
         "the exited owner's segment still has blocks waiting, so it is abandoned"
     );
-    go_tx.send(()).unwrap();
-    t.join().unwrap();
+    w.freer_exits();
     assert!(
         !abandoned(first),
         "the segment's last blocks were published at the freeing thread's exit: it is released"
+    );
+}
+
+#[test]
+fn the_purger_publishes_the_batch_of_a_quiet_thread() {
+    let _serial = common::serial();
+    let _restore = common::OptRestore::save(&[Opt::PurgeDelayMs]);
+    // A pass every 25 ms (a quarter of the delay).
+    options::set(Opt::PurgeDelayMs, 100);
+    let mut w = WaitingFrees::start();
+    let first = w.first;
+    // Free memory to return wakes the purger (a large block, cached).
+    let big = malloc(1 << 20);
+    // SAFETY: allocated just above, freed once.
+    unsafe { tlmalloc::free(big) };
+    thread::sleep(Duration::from_millis(600));
+    // The purger published the quiet thread's batch: the owner's exit
+    // finds its blocks back, its page and segment empty, and abandons
+    // nothing.
+    w.owner_exits();
+    let kept = abandoned(first);
+    w.freer_exits();
+    assert!(
+        !kept,
+        "the quiet thread's batch was not published before the owner exited"
     );
 }
 
