@@ -5,7 +5,7 @@
 
 use crate::abandoned::ABANDONED;
 use crate::counters::RETIRED;
-use crate::handover::{flush_remote_batch, publish_chain, release_abandoned};
+use crate::handover::{flush_remote_batch, release_abandoned};
 use crate::heap::{thread_heap, HeapKind, ThreadHeap};
 use crate::large;
 use crate::os::{self, valgrind};
@@ -256,19 +256,14 @@ unsafe fn batch_remote_free(heap: &ThreadHeap, page: *mut Page, block: *mut Bloc
     let was = heap.begin_change();
     // SAFETY: caller contract; `[remote-batch]`: the batch is this thread's.
     unsafe {
-        let batch = heap.remote_batch();
-        let full = if batch.page() == page {
-            batch.add(page, block, (*page).link_key())
-        } else {
-            if let Some(chain) = batch.take() {
-                publish_chain(chain);
+        if heap.remote_batch().page() == page {
+            if heap.remote_batch().add(page, block, (*page).link_key()) {
+                flush_remote_batch(heap);
             }
-            let full = batch.start(page, block);
-            heap.remote_page().store(page, Ordering::Release);
-            full
-        };
-        if full {
+        } else {
             flush_remote_batch(heap);
+            heap.remote_batch().start(page, block);
+            heap.remote_page().store(page, Ordering::Release);
         }
     }
     heap.end_change(was);

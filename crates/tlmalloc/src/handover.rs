@@ -188,9 +188,9 @@ unsafe fn queue_segment(state: &mut HeapState, segment: *mut Segment) {
 // Remote frees that waited in a batch (`[remote-batch]`)
 // ---------------------------------------------------------------------------
 
-/// Publish `heap`'s batch of remote frees, if it holds any: on its thread's
-/// refills (`alloc.rs`), before the thread's heap is handed over, and when
-/// the batch fills or moves to another page.
+/// Publish `heap`'s batch of remote frees, if it holds any: when the batch
+/// fills or moves to another page (`free.rs`), on its thread's refills
+/// (`alloc.rs`) and `collect`, at its exit, and from the purger.
 ///
 /// # Safety
 /// `[remote-batch]`: `heap` is the calling thread's thread heap, inside a
@@ -220,7 +220,7 @@ pub unsafe fn flush_remote_batch(heap: &ThreadHeap) {
 /// `chain` was taken out of the calling thread's batch (`[remote-batch]`):
 /// its blocks are unpublished, so their segment is mapped.
 #[inline(never)]
-pub unsafe fn publish_chain(chain: Chain) {
+unsafe fn publish_chain(chain: Chain) {
     // SAFETY: caller contract; every block of the chain is ours until pushed.
     unsafe {
         let page = chain.page;

@@ -6,13 +6,13 @@
 //! A producer/consumer pair frees every block remotely, and consecutive
 //! blocks come from the same page of the producer, so one CAS serves up to
 //! [`BATCH_MAX`] frees: `xthread` ran about 2× faster with it. The batch is a
-//! plain container; when it is published, and what a publish does for a
-//! page whose owner has exited meanwhile, is `free.rs`'s
-//! (`flush_remote_batch`).
+//! plain container: `free.rs` fills it, and `handover.rs` publishes it
+//! (`flush_remote_batch`), also for a page whose owner exited meanwhile.
 //!
 //! Invariant `[remote-batch]`: the batch belongs to the thread of the heap
-//! that holds it (plain fields, no atomics), which changes it inside a
-//! change (`[heap-busy]`); the purger publishes it for an idle heap. Its blocks are blocks of
+//! that holds it (plain fields, no atomics), which changes it only inside
+//! a change (`[heap-busy]`), so the background purger may publish it for
+//! an idle heap under `[purge-handshake]`. Its blocks are blocks of
 //! `page` whose frees have not been published: the page still counts them
 //! in `used`, so it is not empty and its segment stays mapped until the
 //! batch is flushed, whatever its owner does meanwhile (an exiting owner
@@ -24,9 +24,7 @@
 //! [`BATCH_BYTES`] of one page, only blocks of small pages, and the batch
 //! is published when its thread frees into another page, refills a page,
 //! calls `collect`, or exits, and by the background purger's next pass
-//! over an idle thread's heap. Its thread changes it only inside a change
-//! (`[heap-busy]`), so the purger may publish it under
-//! `[purge-handshake]`.
+//! over an idle thread's heap.
 
 use core::ptr;
 
@@ -78,8 +76,6 @@ pub fn batchable(kind: SegmentKind) -> bool {
     kind == SegmentKind::Small
 }
 
-const _: () = assert!(SegmentKind::Small.page_shift() == crate::config::SMALL_PAGE_SHIFT);
-
 /// The batch limit of a page whose blocks have `start_magic =
 /// ceil(2^64 / block_size)` (`Page::starts_block`): `BATCH_BYTES /
 /// block_size` blocks (one multiplication, the magic standing in for a
@@ -89,6 +85,11 @@ fn limit_for(start_magic: u64) -> u32 {
     let blocks = ((BATCH_BYTES as u128 * start_magic as u128) >> 64) as u64;
     blocks.clamp(1, BATCH_MAX as u64) as u32
 }
+
+const _: () = assert!(
+    BATCH_BYTES / crate::config::SMALL_SIZE_MAX > 1,
+    "start never fills a batch"
+);
 
 impl RemoteBatch {
     /// An empty batch.
@@ -114,8 +115,9 @@ impl RemoteBatch {
         self.len == 0
     }
 
-    /// Add `block` of `page`, the batch's page (`self.page() == page`).
-    /// Returns true when the batch is full and should be published.
+    /// Add `block` of `page`, the batch's page (`self.page() == page`,
+    /// the batch not empty). Returns true when the batch is full and
+    /// should be published.
     ///
     /// # Safety
     /// `block` is a block of `page` being freed once by the batch's thread
@@ -133,13 +135,14 @@ impl RemoteBatch {
         self.len >= self.limit
     }
 
-    /// Start the (empty) batch on `page` with `block`. Returns true when
-    /// that already fills it.
+    /// Start the (empty) batch on `page` with `block`. A batch of one is
+    /// never full: a small page's blocks are at most `SMALL_SIZE_MAX`, so
+    /// its limit is at least 8.
     ///
     /// # Safety
     /// As [`RemoteBatch::add`]; the batch is empty; `page` is in use.
     #[inline]
-    pub unsafe fn start(&mut self, page: *mut Page, block: *mut Block) -> bool {
+    pub unsafe fn start(&mut self, page: *mut Page, block: *mut Block) {
         debug_assert!(self.is_empty());
         self.page = page;
         self.head = block;
@@ -148,7 +151,6 @@ impl RemoteBatch {
         // SAFETY: caller contract: a page in use, whose `start_magic` is
         // constant (on the line remote frees read, unlike `block_size`).
         self.limit = limit_for(unsafe { (*page).start_magic });
-        self.len >= self.limit
     }
 
     /// Take the whole batch out (None when empty), leaving it empty.
