@@ -402,7 +402,7 @@ fn fresh_page(heap: &ThreadHeap, state: &mut HeapState, class: usize) -> *mut Pa
     }
     // SAFETY: `[segment-lists]`: a segment on our avail list is ours and has a free slot.
     unsafe {
-        let Some((index, untouched)) = (*segment).claim_page() else {
+        let Some((index, untouched_from)) = (*segment).claim_page() else {
             report::broken("a segment on an avail list has no free page");
         };
         counters::record_page(1usize << (*segment).page_shift, true);
@@ -411,7 +411,7 @@ fn fresh_page(heap: &ThreadHeap, state: &mut HeapState, class: usize) -> *mut Pa
         let (area, reserved) = Segment::page_area(segment, index, block_size);
         let page = &mut (*segment).pages[index];
         page.init(area, block_size, reserved, class as u8);
-        page.untouched = untouched;
+        page.start_untouched(untouched_from);
         page
     }
 }

@@ -362,8 +362,9 @@ pub fn segment_alloc(kind: SegmentKind) -> *mut Segment {
 /// is room, otherwise to the OS.
 ///
 /// # Safety
-/// `segment` is a live segment with no page in use and no holder but the
-/// caller, who gives it up.
+/// `segment` is a live segment with no holder but the caller, who gives it
+/// up; no block of it is used again (pages still in use are a destroyed
+/// user heap's live blocks, which go with it).
 pub unsafe fn segment_free(segment: *mut Segment) {
     // SAFETY: `[segment-mapping]`: the caller holds a live header.
     let (base, size) = unsafe {
@@ -378,6 +379,12 @@ pub unsafe fn segment_free(segment: *mut Segment) {
             (*segment).cached_at_ms = os::now_ms();
             (*segment).purged = false;
             (*segment).zeroed = false;
+            if (*segment).kind == SegmentKind::Large {
+                // Its one block may have been written anywhere.
+                (*segment).written.mark_all();
+            } else {
+                (*segment).mark_pages_in_use_written();
+            }
         }
         let mut cache = CACHE.lock();
         if cache.len < SEGMENT_CACHE_SLOTS {
@@ -427,6 +434,9 @@ pub fn cache_purge(now_ms: u64, delay_ms: u64, lazy: bool) {
                     if purge(start, SEGMENT_SIZE - OS_PAGE_SIZE, lazy) {
                         (*segment).purged = true;
                         (*segment).zeroed = !lazy;
+                        if !lazy {
+                            (*segment).written.clear(OS_PAGE_SIZE, SEGMENT_SIZE);
+                        }
                     }
                 }
             }

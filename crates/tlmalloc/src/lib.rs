@@ -68,6 +68,8 @@ mod remote_batch;
 pub mod segment;
 #[cfg(not(loom))]
 mod segment_map;
+#[doc(hidden)]
+pub mod written_pages;
 
 // Memory.
 #[doc(hidden)]

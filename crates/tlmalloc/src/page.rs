@@ -257,10 +257,12 @@ const fn start_magic(block_size: usize) -> u64 {
 ///   free blocks of this page, each block on at most one list, its first
 ///   word the link; `capacity <= reserved`; blocks `capacity..reserved` of
 ///   the area are untouched.
-/// - `[untouched]`: while `untouched`, blocks `capacity..reserved` are zero
-///   bytes the OS has not faulted in. A refill then threads only blocks
-///   whose link and key lie in OS pages already touched (those holding a
-///   block handed out before), and hands the first block of a new OS page
+/// - `[untouched]`: while `untouched`, the blocks from `capacity` on that
+///   lie past `written_len` are zero bytes the OS has not faulted in (the
+///   slot's record in `Segment::written`). A refill then threads only
+///   blocks whose link and key lie in OS pages already touched (below
+///   `written_len`, or holding a block handed out before), and hands the
+///   first block of a new OS page
 ///   out directly ([`Page::take_untouched`]), unwritten: its page fault is
 ///   the program's first write, not `malloc`'s (a zero block carries no
 ///   `[block-key]`). A current page that its owner's frees refill leaves
@@ -301,16 +303,20 @@ pub struct Page {
     pub in_use: bool,
     /// Owner: the page is linked in its heap's queue for its class.
     pub queued: bool,
-    /// Owner: blocks `capacity..reserved` read as zero and were never
-    /// touched (a slot of a fresh segment, first use), so refills leave
+    /// Owner: blocks from `capacity` on past `written_len` read as zero
+    /// and were never touched since the OS zeroed them, so refills leave
     /// each new OS page for the program to fault in (`[untouched]`).
     pub untouched: bool,
     /// Constant while in use: bytes per block (the usable size).
     pub block_size: usize,
     /// Owner: links in the heap's queue of the page's class (slow paths only).
     pub links: Links<Page>,
+    /// Owner, while `untouched`: bytes from `area` that may have been
+    /// written before this use of the slot (a page boundary past `area`,
+    /// or 0): refills thread blocks up to there as on a touched page.
+    pub written_len: u32,
     /// Keeps what other threads touch off the owner's cache line.
-    _line: [u8; 8],
+    _line: [u8; 4],
     /// Shared: blocks freed by other threads (the second cache line).
     pub thread_free: ThreadFree,
     /// Constant while in use: the first block, as `valgrind::hide_pointer`
@@ -361,7 +367,8 @@ impl Page {
                 area: ptr::null_mut(),
                 start_magic: 0,
                 links: Links::new(),
-                _line: [0; 8],
+                written_len: 0,
+                _line: [0; 4],
                 link_key: 0,
             }
         }
@@ -379,6 +386,7 @@ impl Page {
         self.in_use = true;
         self.queued = false;
         self.untouched = false;
+        self.written_len = 0;
         self.block_size = block_size;
         self.links = Links::new();
         self.area = valgrind::hide_pointer(area);
@@ -692,23 +700,35 @@ impl Page {
 
     /// `[untouched]`: how many blocks from `capacity` on have their link
     /// and key (the words a refill writes) in OS pages already touched: up
-    /// to the end of the OS page holding the last block handed out or
-    /// threaded (none at `capacity == 0`).
+    /// to `written_len`, or to the end of the OS page holding the last
+    /// block handed out or threaded, whichever is further.
     fn touched_blocks(&self) -> u32 {
-        if self.capacity == 0 {
-            return 0;
-        }
         let size = self.block_size;
         let area = self.area() as usize;
-        let last = area + (self.capacity as usize - 1) * size;
-        let touched_end = (last & !(OS_PAGE_SIZE - 1)) + OS_PAGE_SIZE;
-        let next = last + size;
+        let next = area + self.capacity as usize * size;
+        let mut touched_end = area + self.written_len as usize;
+        if self.capacity > 0 {
+            let last = next - size;
+            touched_end = touched_end.max((last & !(OS_PAGE_SIZE - 1)) + OS_PAGE_SIZE);
+        }
         let words = core::mem::size_of::<Block>();
         if next + words > touched_end {
             return 0;
         }
         let fit = (touched_end - words - next) / size + 1;
         fit.min((self.reserved - self.capacity) as usize) as u32
+    }
+
+    /// Owner, on a page just claimed and carved: memory from `untouched_from`
+    /// (an address, from `Segment::claim_page`) to the slot's end was not
+    /// written since the OS zeroed it, so carve in `[untouched]` mode when
+    /// any block lies there.
+    pub fn start_untouched(&mut self, untouched_from: usize) {
+        let area = self.area() as usize;
+        let end = area + self.reserved as usize * self.block_size;
+        self.untouched = untouched_from < end;
+        // No truncation: a page slot is at most 512 KiB.
+        self.written_len = untouched_from.saturating_sub(area) as u32;
     }
 
     /// Owner, `[untouched]`: hand out the next never-used block directly,

@@ -31,6 +31,8 @@
 //! allocates again or calls `tlmalloc::collect()`). The hot paths never
 //! read the clock.
 
+use core::ptr;
+
 use crate::arena;
 use crate::large;
 use crate::large_cache::{LocalLargeCache, SHARED};
@@ -156,6 +158,12 @@ pub fn purge_dirty_pages(segment: &mut Segment, now_ms: u64, policy: PurgePolicy
         if end <= start || unsafe { arena::purge(start as *mut u8, end - start, policy.lazy) } {
             // Purged (or nothing to purge: the header's own part of slot 0).
             segment.purged_mask |= run_mask;
+            if !policy.lazy {
+                // Zero again: a slot claimed later leaves these OS pages
+                // for the program to fault in (`[untouched]`).
+                let base = ptr::from_ref(segment) as usize;
+                segment.written.clear(start - base, end - base);
+            }
         } else {
             refused |= run_mask;
         }

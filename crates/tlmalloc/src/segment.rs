@@ -17,6 +17,7 @@ use crate::list::{Linked, Links};
 use crate::page::Page;
 use crate::size_class::natural_alignment;
 use crate::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use crate::written_pages::WrittenPages;
 
 /// What a segment is carved into.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -145,6 +146,12 @@ pub struct Segment {
     pub large_decommitted: usize,
     /// The page table (a large segment uses slot 0 only).
     pub pages: [Page; PAGES_PER_SEGMENT],
+    /// Holder: the OS pages of a standard segment that may hold written
+    /// bytes (marked when a page slot is released, cleared by a purge with
+    /// `MADV_DONTNEED`); kept while the segment is cached, so that a slot
+    /// claimed again carves its never-written part in `[untouched]` mode.
+    /// Unused in a large segment.
+    pub written: WrittenPages,
 }
 
 /// Bytes at the start of a segment taken by its header.
@@ -209,12 +216,15 @@ impl Segment {
     /// table is cleared only when `memory_zeroed` is false (memory fresh
     /// from the OS reads as zero, which is what an unused page slot is), and
     /// then only the slots `kind` uses. The header reads `zeroed` true
-    /// when `memory_zeroed` is.
+    /// when `memory_zeroed` is. Without `memory_zeroed`, `written` is kept
+    /// as it was: the memory holds the header of a standard segment back
+    /// from the cache, whose record of written pages is still true.
     ///
     /// # Safety
     /// `segment` points to at least `SEGMENT_HEADER_SIZE` writable bytes,
     /// aligned for `Segment`, that hold no live header; with
-    /// `memory_zeroed`, every byte of them is zero.
+    /// `memory_zeroed`, every byte of them is zero; without it, they hold
+    /// the header of a standard segment that was cached (`written` valid).
     pub unsafe fn init(
         segment: *mut Segment,
         kind: SegmentKind,
@@ -247,6 +257,9 @@ impl Segment {
             addr_of_mut!((*segment).purged_mask).write(0);
             addr_of_mut!((*segment).large_touched).write(0);
             addr_of_mut!((*segment).large_decommitted).write(0);
+            if memory_zeroed {
+                addr_of_mut!((*segment).written).write(WrittenPages::none());
+            }
         }
         // Loom's atomics carry model state, so under loom every slot is
         // constructed whatever the memory holds.
@@ -280,17 +293,20 @@ impl Segment {
     }
 
     /// Claim the lowest unused page slot, or `None` when all are in use;
-    /// with it, whether its memory is untouched zero bytes (a fresh segment's
-    /// slot never used: neither dirty nor purged since `init`; a purged
-    /// slot may have been purged lazily and keep its bytes). A slot that
-    /// had been purged counts as committed again.
-    pub fn claim_page(&mut self) -> Option<(usize, bool)> {
+    /// with it, the address where its untouched memory starts: from there
+    /// to the slot's end, zero bytes no one wrote since the OS zeroed them
+    /// (`written`; the slot's end when all of it may be written). A slot
+    /// that had been purged counts as committed again.
+    pub fn claim_page(&mut self) -> Option<(usize, usize)> {
         if self.free_mask == 0 {
             return None;
         }
         let index = self.free_mask.trailing_zeros() as usize;
         let bit = 1u64 << index;
-        let untouched = self.zeroed && (self.dirty_mask | self.purged_mask) & bit == 0;
+        let slot = index << self.page_shift;
+        let untouched_from = self
+            .written
+            .written_end(slot, slot + (1usize << self.page_shift));
         self.free_mask &= !bit;
         self.dirty_mask &= !bit;
         self.used_pages += 1;
@@ -298,7 +314,7 @@ impl Segment {
             self.purged_mask &= !bit;
             counters::record_recommit(self.slot_purge_range(index).1);
         }
-        Some((index, untouched))
+        Some((index, self as *const Segment as usize + untouched_from))
     }
 
     /// The bytes of page slot `index` a purge gives back: its start and
@@ -342,13 +358,35 @@ impl Segment {
         self.map_base as usize + self.map_size - LARGE_GUARD - self.pages[0].area() as usize
     }
 
+    /// Record the blocks carved in every page still in use as written: a
+    /// segment given up with live blocks (a destroyed user heap's) keeps
+    /// its record of written memory true for whoever claims it next.
+    pub fn mark_pages_in_use_written(&mut self) {
+        let base = self as *const Segment as usize;
+        let mut in_use = self.kind.all_pages_mask() & !self.free_mask;
+        while in_use != 0 {
+            let index = in_use.trailing_zeros() as usize;
+            in_use &= in_use - 1;
+            // No panic: `index` is a page slot of this kind (`< 64`).
+            let page = &self.pages[index];
+            let start = page.area() as usize - base;
+            self.written
+                .mark(start, start + page.capacity as usize * page.block_size);
+        }
+    }
+
     /// Give page slot `index` back to the segment (its memory stays resident
     /// until a purge, which `dirty_mask` schedules from `now_ms`). Returns
     /// true when the segment has no page in use any more.
     pub fn release_page(&mut self, index: usize) -> bool {
         debug_assert!(self.free_mask & (1u64 << index) == 0);
         // No panic: `index` is a page slot of this segment (`< 64`).
-        if self.pages[index].capacity > 0 {
+        let page = &self.pages[index];
+        if page.capacity > 0 {
+            // Every block carved so far was handed out or threaded: written.
+            let start = page.area() as usize - self as *const Segment as usize;
+            self.written
+                .mark(start, start + page.capacity as usize * page.block_size);
             if self.dirty_mask == 0 {
                 // Unstamped: the next purge pass stamps it with its own clock
                 // (so a free never reads the clock).

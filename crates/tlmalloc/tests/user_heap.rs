@@ -674,3 +674,37 @@ fn fork_while_another_thread_frees_into_the_heap() {
     }
     heap.destroy();
 }
+
+/// A heap destroyed with live blocks leaves its segment in the cache with
+/// pages still carved; the next heap (likely at the same pooled address,
+/// so with the same free key) that carves that memory must not take it
+/// for untouched: blocks handed out unwritten would keep the old heap's
+/// free keys, and their frees from another thread would be reported as
+/// double frees. `Segment::written` records pages in use when a segment
+/// is given up with them.
+#[test]
+fn blocks_after_a_heap_destroyed_with_live_blocks_are_freed_cleanly_from_another_thread() {
+    let _g = serial_alone();
+    const N: usize = 4000;
+    for _ in 0..4 {
+        let heap = Heap::new();
+        let blocks: Vec<usize> = (0..N).map(|_| heap.malloc(64) as usize).collect();
+        // Half freed (each carries the heap's free key), half left live.
+        for &p in blocks.iter().step_by(2) {
+            // SAFETY: live blocks of `heap` for this layout, each freed once.
+            unsafe { heap.dealloc(p as *mut u8, Layout::from_size_align(64, 16).unwrap()) };
+        }
+        drop(heap);
+        let heap = Heap::new();
+        let blocks: Vec<usize> = (0..N).map(|_| heap.malloc(64) as usize).collect();
+        thread::spawn(move || {
+            for &p in &blocks {
+                // SAFETY: live blocks of a heap still alive, each freed once.
+                unsafe { tlmalloc::free(p as *mut u8) };
+            }
+        })
+        .join()
+        .unwrap();
+        drop(heap);
+    }
+}
