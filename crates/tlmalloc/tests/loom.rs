@@ -16,6 +16,9 @@
 //!    (`Abandoned::count_free`, what `free::free_slow` runs): the segment
 //!    is released at most once, and never while another thread may still
 //!    touch its header.
+//!    A batch of remote frees published block by block into such a
+//!    segment (what `handover::publish_chain` runs when the owner exited)
+//!    races a single free and the adoption under the same rules.
 //! 4. The shared large-block cache (`SharedLargeCache`) under concurrent
 //!    put and take: no segment is lost or handed out twice, and the byte
 //!    count returns to what is cached.
@@ -63,12 +66,14 @@ unsafe impl<T> Send for Shared<T> {}
 unsafe impl<T> Sync for Shared<T> {}
 
 /// A segment header of `kind` in leaked memory, written in place by the
-/// real initialiser (`map_size` bytes of pretend mapping).
+/// real initialiser (`map_size` bytes of pretend mapping): zeroed memory,
+/// as fresh from the OS (under loom every page slot is constructed anyway:
+/// loom's atomics carry model state).
 fn header(kind: SegmentKind, map_size: usize) -> *mut Segment {
-    let memory: &mut MaybeUninit<Segment> = Box::leak(Box::new(MaybeUninit::uninit()));
+    let memory: &mut MaybeUninit<Segment> = Box::leak(Box::new(MaybeUninit::zeroed()));
     let segment = memory.as_mut_ptr();
-    // SAFETY: fresh, writable, aligned memory for one header; not zeroed.
-    unsafe { Segment::init(segment, kind, segment.cast(), map_size, false) };
+    // SAFETY: fresh, writable, aligned memory for one header, all zero.
+    unsafe { Segment::init(segment, kind, segment.cast(), map_size, true) };
     segment
 }
 
@@ -373,6 +378,116 @@ fn last_free_of_abandoned_segment_races_adoption() {
             // SAFETY: every other thread has finished; ours.
             let s = unsafe { &mut *holder };
             assert_eq!(s.collect_remote_frees(), 1);
+        }
+        assert!(abandoned.adopt(ADOPTER, None).is_null());
+    });
+}
+
+/// What `handover::publish_chain` runs for a batch of remote frees whose
+/// page's owner exited meanwhile (`owner == 0`): each block of the chain,
+/// in turn, is counted off (`Abandoned::count_free`) and pushed, its link
+/// read before the push rewrites it; the thread that counted the last
+/// live block of the segment settles it (`handover::release_abandoned`).
+/// The blocks still unpushed keep the segment mapped, so the header is
+/// touched (`mapping`) before each count. Returns whether this thread
+/// released the segment.
+fn publish_chain_into_abandoned(
+    abandoned: &Abandoned,
+    segment: Shared<Segment>,
+    head: usize,
+    len: usize,
+    mapping: &loom::cell::UnsafeCell<u8>,
+) -> bool {
+    let s = segment.0;
+    let mut holder = false;
+    let mut at = head as *mut Block;
+    for left in (0..len).rev() {
+        mapping.with(|_| ());
+        // SAFETY: `at` and the chain's later blocks are ours and unpushed,
+        // so the segment is mapped; the link was written by the batch.
+        unsafe {
+            let page = &(*s).pages[0];
+            let next = if left == 0 {
+                core::ptr::null_mut()
+            } else {
+                page.next_checked(at)
+            };
+            holder |= abandoned.count_free(s);
+            page.thread_free.push(at, page.link_key());
+            at = next;
+        }
+    }
+    if !holder {
+        return false;
+    }
+    // SAFETY: `count_free` made us the holder: off the list, ours.
+    unsafe {
+        if (*s).collect_remote_frees() != 0 {
+            mapping.with_mut(|_| ());
+            return true;
+        }
+        abandoned.abandon(s);
+    }
+    false
+}
+
+/// A batch of two remote frees published block by block into a segment
+/// whose owner exited, racing a single remote free into it and an
+/// adoption: released at most once, never while another thread may still
+/// touch it, and every block comes back.
+#[test]
+fn batch_published_into_an_abandoned_segment_races_a_free_and_adoption() {
+    const OWNER: usize = 1;
+    const ADOPTER: usize = 3;
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(2);
+    builder.check(|| {
+        let (segment, handed) = segment_with_blocks(3, OWNER);
+        let abandoned = Arc::new(Abandoned::new());
+        let mapping = Arc::new(loom::cell::UnsafeCell::new(0u8));
+        // The batch links head `b` -> tail `a`, as `RemoteBatch` does.
+        let (a, b, c) = (handed[0], handed[1], handed[2]);
+        // SAFETY: `b` is a live block of ours; only the batch touches it.
+        unsafe {
+            let key = (*segment.0).pages[0].link_key();
+            (*(b as *mut Block)).next = tlmalloc::page::encode_link(a as *mut Block, key);
+        }
+        // The owner exited with all three blocks live.
+        // SAFETY: ours, on no list, a page in use.
+        unsafe { abandoned.abandon(segment.0) };
+
+        let batch = {
+            let (abandoned, mapping) = (abandoned.clone(), mapping.clone());
+            thread::spawn(move || publish_chain_into_abandoned(&abandoned, segment, b, 2, &mapping))
+        };
+        let single = {
+            let (abandoned, mapping) = (abandoned.clone(), mapping.clone());
+            thread::spawn(move || free_into_abandoned(&abandoned, segment, c, &mapping))
+        };
+
+        // A live heap adopts meanwhile, as `handover::adopt` does.
+        let mut released = 0;
+        let adopted = abandoned.adopt(ADOPTER, None);
+        if !adopted.is_null() {
+            // SAFETY: adopted: ours now.
+            if unsafe { (*adopted).collect_remote_frees() } != 0 {
+                mapping.with_mut(|_| ());
+                released += 1;
+            }
+        }
+        released += batch.join().unwrap() as usize;
+        released += single.join().unwrap() as usize;
+        assert!(released <= 1, "released twice");
+        if released == 0 {
+            let holder = if adopted.is_null() {
+                abandoned.adopt(ADOPTER, None)
+            } else {
+                adopted
+            };
+            assert_eq!(holder, segment.0);
+            // SAFETY: every other thread has finished; ours.
+            let s = unsafe { &mut *holder };
+            assert_eq!(s.collect_remote_frees(), 1, "every block is back");
         }
         assert!(abandoned.adopt(ADOPTER, None).is_null());
     });
