@@ -25,12 +25,13 @@ use crate::os;
 use crate::page::THREAD_FREE_LEN_SHIFT;
 use crate::rt_level;
 use crate::rt_pending;
-use crate::segment::{Segment, SegmentKind, GUARD_OFFSET};
+use crate::segment::{Segment, SegmentKind, GUARD_OFFSET, METADATA_END};
 use crate::segment_map::{self, CHUNK_FOREIGN, CHUNK_SEGMENT};
 use crate::sync::{AtomicBool, AtomicU32, Ordering};
 
-/// Empty, mapped, standard-size segments ready for reuse. Each one's first
-/// OS page keeps its header (`cached_at_ms`, `purged`, `zeroed`) while cached.
+/// Empty, mapped, standard-size segments ready for reuse. Each one keeps
+/// its header's OS pages (`cached_at_ms`, `purged`, `zeroed`, `written`)
+/// while cached: a purge starts past them ([`CACHE_PURGE_FROM`]).
 ///
 /// Invariant `[segment-cache]`: `slots[..len]` are distinct segments with no
 /// holder but the cache (no page in use, owner 0), standard-size, off the
@@ -318,6 +319,19 @@ pub unsafe fn guard_large_end(segment: *mut Segment, on: bool) {
     }
 }
 
+/// Where the purge of a cached segment starts: past the OS pages of its
+/// header. The header must read back as it was, and a lazy purge
+/// (`MADV_FREE`) does not promise that: the OS may drop one page of it and
+/// keep the block pages' bytes, and a dropped `Segment::written` reads
+/// "nothing written", which would hand out blocks still holding old free
+/// keys unwritten (`[untouched]`), reported as double frees when freed.
+const CACHE_PURGE_FROM: usize = METADATA_END.next_multiple_of(OS_PAGE_SIZE);
+
+const _: () = assert!(
+    CACHE_PURGE_FROM >= crate::segment::SEGMENT_HEADER_SIZE,
+    "a cached segment's purge leaves its header alone"
+);
+
 /// A standard 4 MiB segment of `kind` with no owner, its header written in
 /// place, or null when the OS refuses memory (or the cap is reached).
 #[cold]
@@ -344,7 +358,7 @@ pub fn segment_alloc(kind: SegmentKind) -> *mut Segment {
         // SAFETY: `[segment-cache]`: a cached segment keeps its header page.
         let (purged, zeroed) = unsafe { ((*cached).purged, (*cached).zeroed) };
         if purged {
-            counters::record_recommit(SEGMENT_SIZE - OS_PAGE_SIZE);
+            counters::record_recommit(SEGMENT_SIZE - CACHE_PURGE_FROM);
         }
         (cached, false, purged && zeroed)
     };
@@ -428,14 +442,14 @@ pub fn cache_purge(now_ms: u64, delay_ms: u64, lazy: bool) {
                 continue;
             }
             if age >= delay_ms && !purged {
-                // SAFETY: everything past the header page is unused memory of ours.
+                // SAFETY: everything past the header's pages is unused memory of ours.
                 unsafe {
-                    let start = segment.cast::<u8>().add(OS_PAGE_SIZE);
-                    if purge(start, SEGMENT_SIZE - OS_PAGE_SIZE, lazy) {
+                    let start = segment.cast::<u8>().add(CACHE_PURGE_FROM);
+                    if purge(start, SEGMENT_SIZE - CACHE_PURGE_FROM, lazy) {
                         (*segment).purged = true;
                         (*segment).zeroed = !lazy;
                         if !lazy {
-                            (*segment).written.clear(OS_PAGE_SIZE, SEGMENT_SIZE);
+                            (*segment).written.clear(CACHE_PURGE_FROM, SEGMENT_SIZE);
                         }
                     }
                 }
@@ -470,7 +484,7 @@ unsafe fn unmap_cached(segment: *mut Segment) {
     // SAFETY: the header stays readable until the unmap (caller contract).
     unsafe {
         if (*segment).purged {
-            counters::record_recommit(SEGMENT_SIZE - OS_PAGE_SIZE);
+            counters::record_recommit(SEGMENT_SIZE - CACHE_PURGE_FROM);
         }
         unmap(segment.cast(), SEGMENT_SIZE);
     }

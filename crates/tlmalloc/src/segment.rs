@@ -125,10 +125,12 @@ pub struct Segment {
     pub dirty_since_ms: u64,
     /// Holder: clock (ms) when the segment entered a cache (large or arena).
     pub cached_at_ms: u64,
-    /// Holder: the memory past the header reads as zero (fresh from the OS,
-    /// or purged with `MADV_DONTNEED`), so `calloc` need not clear it.
+    /// Holder: the memory past the header's OS pages reads as zero (fresh
+    /// from the OS, or purged with `MADV_DONTNEED`), so a large `calloc`,
+    /// whose block starts there, need not clear it.
     pub zeroed: bool,
-    /// Holder: the memory past the header was purged since it was last used.
+    /// Holder: the memory past the header's OS pages was purged since it
+    /// was last used.
     pub purged: bool,
     /// Large segments, holder: allocated by a realtime-prepared thread, so
     /// its free by a prepared thread keeps it in that thread's held cache
