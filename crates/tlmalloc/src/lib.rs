@@ -34,6 +34,8 @@ extern crate std;
 pub mod config;
 #[doc(hidden)]
 pub mod list;
+#[cfg(not(loom))]
+mod option_values;
 pub mod size_class;
 pub mod sync;
 mod text;
