@@ -46,7 +46,7 @@ cargo test -p tlmalloc --release --features check,stats --test sized_free --test
 cargo test -p tlmalloc --release --features stats --test stats --test user_heap
 
 echo "== hardened build (feature secure): forged links refused, guard pages, ordinary traffic"
-cargo test -p tlmalloc --release --features secure --test secure --test stress --test alignment --test misuse --test user_heap --test smoke --test size_classes
+cargo test -p tlmalloc --release --features secure --test secure --test stress --test alignment --test misuse --test user_heap --test smoke --test size_classes --test large_cache
 
 echo "== every mmap, mremap and madvise failure survived (feature fault-injection)"
 cargo test -p tlmalloc --release --features fault-injection --test fault_injection --test fault_injection_global
