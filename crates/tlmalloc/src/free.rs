@@ -148,13 +148,17 @@ unsafe fn page_emptied(heap: &ThreadHeap, p: *mut u8) {
     }
     // SAFETY: `[segment-header]`: `p` lies in a live small or medium segment.
     let page = unsafe { Segment::page_of(Segment::of(p), p) };
-    heap.tick_purge();
     let was = heap.begin_change();
     // SAFETY: `[heap-owner]` and `[heap-busy]`: the caller is the heap's
     // owner, inside a change; the page is its (caller contract), queued
     // (a page with live blocks is) and not current (it has no pin).
     unsafe { heap.state().retire_page(page) };
     heap.end_change(was);
+    // Only now: a purge pass gives back the kept pages that are empty
+    // (`release_retired`), and this page may be one of them, kept before,
+    // refilled, and emptied again just now. Ticked before `retire_page`,
+    // the pass released it and `retire_page` released it a second time.
+    heap.tick_purge();
     purger::start_if_wanted();
 }
 
