@@ -25,7 +25,7 @@ use crate::os;
 use crate::page::THREAD_FREE_LEN_SHIFT;
 use crate::rt_level;
 use crate::rt_pending;
-use crate::segment::{Segment, SegmentKind, GUARD_OFFSET, METADATA_END};
+use crate::segment::{Segment, SegmentKind, GUARD_OFFSET, METADATA_PAGES_END};
 use crate::segment_map::{self, CHUNK_FOREIGN, CHUNK_SEGMENT};
 use crate::sync::{AtomicBool, AtomicU32, Ordering};
 
@@ -325,7 +325,7 @@ pub unsafe fn guard_large_end(segment: *mut Segment, on: bool) {
 /// keep the block pages' bytes, and a dropped `Segment::written` reads
 /// "nothing written", which would hand out blocks still holding old free
 /// keys unwritten (`[untouched]`), reported as double frees when freed.
-const CACHE_PURGE_FROM: usize = METADATA_END.next_multiple_of(OS_PAGE_SIZE);
+const CACHE_PURGE_FROM: usize = METADATA_PAGES_END;
 
 const _: () = assert!(
     CACHE_PURGE_FROM >= crate::segment::SEGMENT_HEADER_SIZE,
@@ -355,7 +355,7 @@ pub fn segment_alloc(kind: SegmentKind) -> *mut Segment {
         guard_metadata(segment);
         (segment, true, true)
     } else {
-        // SAFETY: `[segment-cache]`: a cached segment keeps its header page.
+        // SAFETY: `[segment-cache]`: a cached segment keeps its header pages.
         let (purged, zeroed) = unsafe { ((*cached).purged, (*cached).zeroed) };
         if purged {
             counters::record_recommit(SEGMENT_SIZE - CACHE_PURGE_FROM);

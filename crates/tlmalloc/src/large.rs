@@ -32,7 +32,7 @@ use crate::options::{self, Opt};
 use crate::os::valgrind;
 use crate::report;
 use crate::rt_level;
-use crate::segment::{Segment, SegmentKind, LARGE_GUARD, METADATA_END};
+use crate::segment::{Segment, SegmentKind, LARGE_GUARD, METADATA_END, METADATA_PAGES_END};
 use crate::segment_map::{self, CHUNK_FOREIGN, CHUNK_HEADER_BELOW, CHUNK_SEGMENT};
 use crate::size_class::class_size_of;
 use crate::sync::{AtomicUsize, Ordering};
@@ -46,7 +46,7 @@ const fn round_up(n: usize, to: usize) -> Option<usize> {
 }
 
 /// Where a large block starts in its segment (alignment up to the OS page).
-pub const LARGE_BLOCK_OFFSET: usize = (METADATA_END + OS_PAGE_SIZE - 1) & !(OS_PAGE_SIZE - 1);
+pub const LARGE_BLOCK_OFFSET: usize = METADATA_PAGES_END;
 
 /// The usable size a large request of `size` bytes gets (None: impossible):
 /// its size class within the cache's range, else the next OS page.

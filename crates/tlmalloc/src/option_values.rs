@@ -38,6 +38,19 @@ pub const SHOW_STATS_PID: usize = 1 << 32;
 /// most `STATS_JSON_PATH_MAX - 1` bytes.
 pub const STATS_JSON_PATH_MAX: usize = 256;
 
+/// The words an option takes, each with its value: read by its parser and
+/// written by its printer, so the two cannot drift apart.
+type Words = &'static [(&'static [u8], usize)];
+
+const PURGE_MODE_WORDS: Words = &[(b"dontneed", PURGE_DONTNEED), (b"free", PURGE_FREE)];
+const THP_WORDS: Words = &[
+    (b"system", THP_SYSTEM),
+    (b"always", THP_ALWAYS),
+    (b"never", THP_NEVER),
+    (b"large", THP_LARGE),
+];
+const RT_LEVEL_WORDS: Words = &[(b"off", RT_OFF), (b"defer", RT_DEFER)];
+
 /// Room for any option's value as text.
 pub(crate) const VALUE_TEXT_MAX: usize = STATS_JSON_PATH_MAX + 8;
 
@@ -91,30 +104,24 @@ pub(crate) fn show_size(v: usize, out: &mut ValueText) {
     out.0.decimal(v);
 }
 
-pub(crate) fn show_purge_mode(v: usize, out: &mut ValueText) {
-    match v {
-        PURGE_DONTNEED => out.0.push(b"dontneed"),
-        PURGE_FREE => out.0.push(b"free"),
-        _ => out.0.decimal(v),
+/// The word of `v` in `words`, or `v` in decimal when it has none.
+fn show_word(words: Words, v: usize, out: &mut ValueText) {
+    match words.iter().find(|&&(_, value)| value == v) {
+        Some((word, _)) => out.0.push(word),
+        None => out.0.decimal(v),
     };
+}
+
+pub(crate) fn show_purge_mode(v: usize, out: &mut ValueText) {
+    show_word(PURGE_MODE_WORDS, v, out);
 }
 
 pub(crate) fn show_thp(v: usize, out: &mut ValueText) {
-    match v {
-        THP_SYSTEM => out.0.push(b"system"),
-        THP_ALWAYS => out.0.push(b"always"),
-        THP_NEVER => out.0.push(b"never"),
-        THP_LARGE => out.0.push(b"large"),
-        _ => out.0.decimal(v),
-    };
+    show_word(THP_WORDS, v, out);
 }
 
 pub(crate) fn show_rt_level(v: usize, out: &mut ValueText) {
-    match v {
-        RT_OFF => out.0.push(b"off"),
-        RT_DEFER => out.0.push(b"defer"),
-        _ => out.0.decimal(v),
-    };
+    show_word(RT_LEVEL_WORDS, v, out);
 }
 
 pub(crate) fn show_bool(v: usize, out: &mut ValueText) {
@@ -162,33 +169,24 @@ pub(crate) fn parse_size(text: &[u8]) -> Option<usize> {
     parse_decimal(digits)?.checked_mul(1usize << shift)
 }
 
-pub(crate) fn parse_purge_mode(text: &[u8]) -> Option<usize> {
-    if text.eq_ignore_ascii_case(b"dontneed") {
-        Some(PURGE_DONTNEED)
-    } else if text.eq_ignore_ascii_case(b"free") {
-        Some(PURGE_FREE)
-    } else {
-        None
-    }
-}
-
-pub(crate) fn parse_thp(text: &[u8]) -> Option<usize> {
-    [
-        (&b"system"[..], THP_SYSTEM),
-        (b"always", THP_ALWAYS),
-        (b"never", THP_NEVER),
-        (b"large", THP_LARGE),
-    ]
-    .iter()
-    .find(|(word, _)| text.eq_ignore_ascii_case(word))
-    .map(|&(_, v)| v)
-}
-
-pub(crate) fn parse_rt_level(text: &[u8]) -> Option<usize> {
-    [(&b"off"[..], RT_OFF), (b"defer", RT_DEFER)]
+/// The value of the word `text` (any case) in `words`.
+fn parse_word(words: Words, text: &[u8]) -> Option<usize> {
+    words
         .iter()
         .find(|(word, _)| text.eq_ignore_ascii_case(word))
         .map(|&(_, v)| v)
+}
+
+pub(crate) fn parse_purge_mode(text: &[u8]) -> Option<usize> {
+    parse_word(PURGE_MODE_WORDS, text)
+}
+
+pub(crate) fn parse_thp(text: &[u8]) -> Option<usize> {
+    parse_word(THP_WORDS, text)
+}
+
+pub(crate) fn parse_rt_level(text: &[u8]) -> Option<usize> {
+    parse_word(RT_LEVEL_WORDS, text)
 }
 
 /// `text` without surrounding ASCII white space (a value from an env file

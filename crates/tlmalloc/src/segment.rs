@@ -174,6 +174,11 @@ pub const METADATA_END: usize = if cfg!(feature = "secure") {
     SEGMENT_HEADER_SIZE
 };
 
+/// The first OS page boundary past the metadata: where a large block
+/// starts (at page alignment), and where the purge of a cached segment
+/// starts, so that the header's OS pages (and the guard) are never purged.
+pub const METADATA_PAGES_END: usize = METADATA_END.next_multiple_of(OS_PAGE_SIZE);
+
 /// `[guard-pages]`: with `secure`, the last OS page of every large
 /// segment's mapping is a guard too (`arena::guard_large_end`), so an
 /// overflow past a large block faults before it reaches another mapping.
