@@ -478,10 +478,13 @@ impl Page {
     }
 
     /// Owner: take the block the owner freed last (from `local_free`), or
-    /// null if there is none. For big blocks: an alloc/free loop then keeps
-    /// reusing one block, whose cache lines are hot, instead of cycling
-    /// through a page's worth of blocks that all map to the same cache sets
-    /// (blocks of 4 KiB and more start at the same offset in their OS page).
+    /// null if there is none. `malloc` asks this first at every size: the
+    /// block comes back with its cache lines hot (a program that frees a
+    /// temporary and allocates the next one touches memory it touched a
+    /// moment ago), and an alloc/free loop of big blocks keeps reusing one
+    /// block instead of cycling through a page's worth of blocks that all
+    /// map to the same cache sets (blocks of 4 KiB and more start at the
+    /// same offset in their OS page).
     ///
     /// # Safety
     /// As [`Page::pop`].
