@@ -64,9 +64,9 @@ use crate::stats;
 /// Only in a fork child, where the calling thread is the only one.
 pub unsafe fn repair_child() {
     options::after_fork_child();
-    purger::after_fork_child();
     // SAFETY: one thread in the process (caller contract).
     unsafe {
+        purger::after_fork_child();
         heap::process_heap_after_fork_child();
         ABANDONED.after_fork_child();
         heap_pool::after_fork_child();

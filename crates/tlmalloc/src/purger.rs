@@ -41,6 +41,7 @@ use crate::handover;
 use crate::heap::{HeapKind, ThreadHeap, PROCESS_HEAP};
 use crate::large;
 use crate::large_cache::SHARED;
+use crate::lock::SpinLock;
 use crate::options::{self, Opt};
 use crate::os;
 use crate::purge::{self, PurgePolicy};
@@ -58,6 +59,14 @@ static PASSES: AtomicUsize = AtomicUsize::new(0);
 /// After a failed start: the coarse clock (ms) before which no new start is
 /// tried.
 static RETRY_AT_MS: AtomicUsize = AtomicUsize::new(0);
+
+/// Held by each pass, and by a caller that must see no mapping of
+/// tlmalloc's go away while it walks them ([`without_passes`]): the purger
+/// is the one thread that unmaps memory without the program calling the
+/// allocator, so a program cannot keep it out by itself. A pass that finds
+/// it held is skipped (tried again an interval later), never waited for.
+/// Outermost in the lock order (`fork.rs`): a pass takes the others.
+static PASS: SpinLock<()> = SpinLock::new(());
 
 /// How long a failed start waits before the next try.
 const RETRY_DELAY_MS: usize = 1000;
@@ -116,11 +125,25 @@ fn start() {
     }
 }
 
+/// Run `f` with no purger pass under way, none starting until it returns
+/// (`realtime::mlock` walks every segment's header). `f` must not wait for
+/// the purger, nor take a lock: it is held outside them all.
+pub fn without_passes<R>(f: impl FnOnce() -> R) -> R {
+    let _pass = PASS.lock();
+    f()
+}
+
 /// Fork child: the purger thread does not exist there; the next free
 /// memory starts a new one.
-pub fn after_fork_child() {
+///
+/// # Safety
+/// Only in a fork child, where the calling thread is the only one.
+pub unsafe fn after_fork_child() {
     STARTED.store(false, Ordering::Relaxed);
     PURGER_ASLEEP.store(0, Ordering::Relaxed);
+    // SAFETY: caller contract: whoever held the pass lock (the purger, or
+    // a thread in `without_passes`) does not exist here.
+    unsafe { PASS.force_unlock() };
 }
 
 /// The purger thread.
@@ -137,7 +160,10 @@ extern "C" fn run(_: *mut c_void) -> *mut c_void {
         // Cleared before the pass: what is freed during it rings again.
         arena::take_purgeable();
         let policy = PurgePolicy::current();
-        let pending = pass(os::now_ms(), policy);
+        let pending = match PASS.try_lock() {
+            Some(_pass) => pass(os::now_ms(), policy),
+            None => true, // `without_passes`: look again an interval later
+        };
         if !pending && !rt_level::in_use() {
             sleep_until_rung();
         } else {

@@ -49,6 +49,7 @@ use crate::init::thread_heap_or_init;
 use crate::large_cache::LOCAL_SLOTS;
 use crate::os;
 use crate::purge;
+use crate::purger;
 use crate::rt_level;
 use crate::rt_pending;
 use crate::segment::Segment;
@@ -264,8 +265,11 @@ pub fn pending_bytes() -> usize {
 /// Lock every segment and large block tlmalloc has mapped into memory
 /// (`mlock`: their pages are faulted in and stay); returns the bytes
 /// locked. Only tlmalloc's own memory, unlike `mlockall`. A set-up call:
-/// no other thread may free or resize memory meanwhile. Limited by
-/// `RLIMIT_MEMLOCK` without `CAP_IPC_LOCK` (a refused range is skipped).
+/// no other thread of the program may free or resize memory meanwhile (the
+/// background purger waits for it). Memory given back after it returns
+/// goes unlocked with it, so a later [`munlock`] may count fewer bytes;
+/// memory mapped after it is not locked. Limited by `RLIMIT_MEMLOCK`
+/// without `CAP_IPC_LOCK` (a refused range is skipped).
 pub fn mlock() -> usize {
     lock_all(true)
 }
@@ -276,6 +280,13 @@ pub fn munlock() -> usize {
 }
 
 fn lock_all(lock: bool) -> usize {
+    // The program's threads keep to the contract; the purger is kept out
+    // here, or a cached segment it unmaps under the walk would be read
+    // after it is gone (and a test saw `munlock` count less than `mlock`).
+    purger::without_passes(|| lock_all_now(lock))
+}
+
+fn lock_all_now(lock: bool) -> usize {
     let mut total = 0usize;
     segment_map::for_each_chunk(CHUNK_SEGMENT, |chunk| {
         let segment = chunk.cast::<Segment>();
