@@ -334,8 +334,10 @@ size_t tl_rt_pending_bytes(void);
 /* Lock (mlock: fault in and keep) every segment and large block tlmalloc
  * has mapped, and only those; returns the bytes locked (ranges the kernel
  * refuses, e.g. past RLIMIT_MEMLOCK, are skipped). A set-up call: no other
- * thread may free or resize memory meanwhile. tl_munlock undoes it and
- * returns the bytes unlocked. */
+ * thread of the program may free or resize memory meanwhile (the background
+ * purger waits for it). Memory mapped later is not locked; memory given
+ * back later goes with its lock. tl_munlock undoes it for what is mapped
+ * then and returns the bytes unlocked (so it may be fewer). */
 size_t tl_mlock(void);
 size_t tl_munlock(void);
 
