@@ -281,12 +281,12 @@ pub fn munlock() -> usize {
 
 fn lock_all(lock: bool) -> usize {
     // The program's threads keep to the contract; the purger is kept out
-    // here, or a cached segment it unmaps under the walk would be read
-    // after it is gone (and a test saw `munlock` count less than `mlock`).
-    purger::without_passes(|| lock_all_now(lock))
+    // here, or a cached segment it unmapped under the walk would be read
+    // after it is gone.
+    purger::without_passes(|| lock_mapped(lock))
 }
 
-fn lock_all_now(lock: bool) -> usize {
+fn lock_mapped(lock: bool) -> usize {
     let mut total = 0usize;
     segment_map::for_each_chunk(CHUNK_SEGMENT, |chunk| {
         let segment = chunk.cast::<Segment>();

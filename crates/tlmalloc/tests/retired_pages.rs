@@ -121,7 +121,7 @@ fn the_purge_pass_gives_kept_pages_back() {
 /// The 512 KiB page slot of a medium block (the segment masks its
 /// address with the page size).
 fn medium_page(p: *mut u8) -> usize {
-    p as usize >> 19
+    p as usize >> tlmalloc::config::MEDIUM_PAGE_SHIFT
 }
 
 /// Allocate blocks of `size` until one lands in a page for which `stop`
@@ -172,6 +172,7 @@ fn free_page_blocks(blocks: &mut Vec<*mut u8>, page: usize) {
 #[test]
 fn a_kept_page_emptied_when_a_pass_falls_due_goes_back_once() {
     const SIZE: usize = 12_000;
+    const { assert!(SIZE > tlmalloc::config::SMALL_SIZE_MAX) }; // a medium class
     on_fresh_thread(0, || {
         let base = pages();
         for round in 0..64 {
@@ -179,9 +180,7 @@ fn a_kept_page_emptied_when_a_pass_falls_due_goes_back_once() {
                 free_batch(&[malloc(300_000)]);
             }
             let mut blocks = Vec::new();
-            let first = malloc(SIZE);
-            blocks.push(first);
-            let a = medium_page(first);
+            let a = alloc_until(&mut blocks, SIZE, |_| true);
             let b = alloc_until(&mut blocks, SIZE, |p| p != a);
             free_page_blocks(&mut blocks, a);
             alloc_until(&mut blocks, SIZE, |p| p == a);

@@ -191,7 +191,8 @@ int main(void) {
     size_t locked = tl_mlock();
     size_t unlocked = tl_munlock();
     CHECKF(locked == 0 || unlocked > 0, "locked %zu, unlocked none", locked);
-    CHECKF(vm_locked_kib() == 0, "%ld KiB still locked", vm_locked_kib());
+    long still_locked = vm_locked_kib();
+    CHECKF(still_locked == 0, "%ld KiB still locked", still_locked);
     printf("realtime.c: locked %zu bytes, unlocked %zu\n", locked, unlocked);
     return check_done();
 }
