@@ -327,7 +327,7 @@ pub const WORKLOADS: &[Workload] = &[
     Workload {
         name: "burst-idle",
         family: Family::Memory,
-        about: "2 threads allocate 1 GiB in all (256 MiB with --quick), half in blocks of 16 B–2 KiB and half in blocks of 64 KiB–4 MiB, mixed, write every byte, free it all, then idle 5 s (2.5 s with --quick), each thread making one 64-byte malloc/free every 50 ms; the resident set at the free and 0.5, 1, 2 and 5 s after it (the live footprint is then 0), and the burst's time.",
+        about: "2 threads allocate 1 GiB in all (256 MiB with --quick), half in blocks of 16 B–2 KiB and half in blocks of 64 KiB–4 MiB, mixed, write every byte, free it all, then idle 5 s (2.5 s with --quick), each thread making one 64-byte malloc/free every 50 ms; the resident set at the free and 0.5, 1, 2 and 5 s after it (the live footprint is then the program's pointer arrays and size plans: 12 bytes a block, 15 MiB at 1 GiB), and the burst's time.",
         threaded: false,
         min_threads: 2,
         headline: &[
