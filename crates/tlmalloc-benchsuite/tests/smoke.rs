@@ -228,6 +228,11 @@ fn every_workload_reports_its_headline_and_memory_figures() {
                 assert!(m.contains_key(key), "{}: no {key} in {m:?}", w.name);
             }
             assert!(m["rss_after_free_kib"] > 0.0 && m["peak_rss_kib"] > 0.0);
+            if w.name == "burst-idle" {
+                // What the program holds through the idle: its pointer
+                // array and size plan, 12 bytes a block of the burst.
+                assert_eq!(m["live_bytes"], 12.0 * m["blocks"], "{m:?}");
+            }
         }
         for key in w.headline {
             // Some figures are on only some lines (larson has no p99; 5 s
