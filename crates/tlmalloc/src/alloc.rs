@@ -21,6 +21,7 @@ use crate::list::List;
 use crate::os;
 use crate::page::Page;
 use crate::purge::{self, PurgePolicy};
+use crate::purger;
 use crate::report;
 use crate::segment::{Segment, SegmentKind};
 use crate::size_class::{class_of, class_size, direct_class, FIRST_MEDIUM_CLASS};
@@ -264,14 +265,20 @@ fn alloc_slow(heap: *mut ThreadHeap, class: usize) -> *mut u8 {
     // SAFETY: `find_page` returns a queued page of this heap with a free
     // block, or an `untouched` one whose next block is to be handed out
     // unwritten (`[untouched]`).
-    unsafe {
+    let block = unsafe {
         let block = Page::pop(page);
         if block.is_null() {
             (*page).take_untouched().cast()
         } else {
             block.cast()
         }
+    };
+    if kind != HeapKind::Process {
+        // With the block taken (starting it re-enters malloc), and never
+        // under the process heap's lock, which that re-entry may take.
+        purger::start_if_wanted();
     }
+    block
 }
 
 /// The fewest blocks a page is carved to once its owner refills it from
@@ -464,6 +471,8 @@ pub fn large_alloc(size: usize, align: usize, zero: bool) -> *mut u8 {
         h.counters.large_local_hits.bump();
     }
     h.count_large(usable, true);
+    // Outside the change: starting it re-enters malloc.
+    purger::start_if_wanted();
     p
 }
 

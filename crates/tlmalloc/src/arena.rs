@@ -121,11 +121,6 @@ pub fn take_purgeable() -> bool {
     PURGEABLE.swap(false, Ordering::SeqCst)
 }
 
-/// Whether a purge pass would find work the doorbell rang for (a hint).
-pub fn purgeable_hint() -> bool {
-    PURGEABLE.load(Ordering::Relaxed)
-}
-
 /// The cached segments waiting in the arena (for the purger's "anything
 /// left?" question).
 pub fn cached_segments() -> usize {

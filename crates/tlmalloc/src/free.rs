@@ -12,7 +12,6 @@ use crate::os::{self, valgrind};
 use crate::page::{Block, Page};
 use crate::poison;
 use crate::purge;
-use crate::purger;
 use crate::registry;
 use crate::remote_batch;
 use crate::report;
@@ -159,7 +158,6 @@ unsafe fn page_emptied(heap: &ThreadHeap, p: *mut u8) {
     // refilled, and emptied again just now. Ticked before `retire_page`,
     // the pass released it and `retire_page` released it a second time.
     heap.tick_purge();
-    purger::start_if_wanted();
 }
 
 /// A free whose owner is not the calling thread: a large block, or a
@@ -323,7 +321,6 @@ pub unsafe fn large_free(segment: *mut Segment) {
             let live = heap.own_large_live();
             large::recycle(Some(&mut heap.state().local_large), segment, 0, live);
             heap.end_change(was);
-            purger::start_if_wanted();
         } else {
             // No heap of its own to tick: run the process-wide pass if due.
             let now = os::now_ms();

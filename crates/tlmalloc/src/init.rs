@@ -12,6 +12,7 @@ use crate::heap_pool;
 use crate::lock::backoff;
 use crate::options;
 use crate::os;
+use crate::purger;
 use crate::registry;
 use crate::sync::{AtomicUsize, Ordering};
 
@@ -48,6 +49,9 @@ pub fn init_thread_heap() -> *mut ThreadHeap {
     os::on_thread_start(heap.cast::<c_void>());
     // SAFETY: a new live heap, on no registry.
     unsafe { registry::add(heap) };
+    // The second thread heap of the process starts the background purger
+    // (re-entry into malloc is served by the heap installed above).
+    purger::start_if_wanted();
     heap
 }
 

@@ -12,7 +12,7 @@
 //! | `TLMALLOC_THP` | `system` | word | transparent huge pages: `system` (no advice: the kernel's setting decides), `large` (`MADV_HUGEPAGE` on the mappings of large blocks above 4 MiB only; see Known limits), `always` (`MADV_HUGEPAGE` on segments and large blocks) or `never` (`MADV_NOHUGEPAGE`) |
 //! | `TLMALLOC_SHOW_STATS` | `off` | word | print the statistics summary at exit: `1`/`all` in every process, `pid:N` (or a bare `N` ≥ 2) only in process N, `0` in none |
 //! | `TLMALLOC_STATS_JSON` | (none) | path | file the statistics are written to as JSON at exit (at most 255 bytes) |
-//! | `TLMALLOC_BACKGROUND_PURGE` | `on` | bool | a background thread (started when there first is free memory to return) purges idle threads' free pages and every cache on time |
+//! | `TLMALLOC_BACKGROUND_PURGE` | `on` | bool | a background thread (started when a second thread first allocates) purges idle threads' free pages and every cache on time |
 //! | `TLMALLOC_VERBOSE` | `off` | bool | at start-up, print every option with its value and where it came from |
 //! | `TLMALLOC_RT_DEFAULT` | `off` | word | the realtime floor of every thread: `off`, or `defer` (no thread's `free` unmaps or purges; that work waits for `tlmalloc::realtime::drain` or the background purger) |
 //! | `TLMALLOC_RT_PENDING_MAX` | `1g` | bytes | the most bytes whose unmap a deferring thread parks; past it the free unmaps inline and counts a forced release |
@@ -162,7 +162,7 @@ options! {
         unit: "bool",
         parse: parse_bool,
         show: show_bool,
-        doc: "a background thread (started when there first is free memory to return) purges idle threads' free pages and every cache on time, so memory goes back even when no thread allocates",
+        doc: "a background thread (started when a second thread first allocates) purges idle threads' free pages and every cache on time, so memory goes back even when no thread allocates",
     },
     Verbose {
         env: "TLMALLOC_VERBOSE",

@@ -2,12 +2,19 @@
 //! when the program's threads are idle or only on their fast paths (whose
 //! heaps then never reach the purge clock of `purge.rs`).
 //!
-//! It is started lazily, the first time free memory that a purge would
-//! return appears (`arena::note_purgeable`) in a program that has started
-//! threads of its own (see [`start_if_wanted`]), so a program that never
-//! frees anything, or never starts a thread, has no extra thread;
-//! `TLMALLOC_BACKGROUND_PURGE=0` turns it off; a start that fails (no
-//! memory for the thread's stack) is tried again a second later. Every
+//! It is started when the program's second thread gets its heap (its
+//! first `malloc`), so a program that never starts a thread has no extra
+//! thread (see [`start_if_wanted`]); `TLMALLOC_BACKGROUND_PURGE=0` turns it
+//! off; a start that fails (no memory for the thread's stack) is tried
+//! again by a later `malloc` slow path, a second later at the earliest.
+//! Never from a `free`: glibc frees a dead thread's TLS blocks while it
+//! holds its stack-cache lock (`__nptl_free_stacks`, when the cache of
+//! stacks passes 40 MiB), and `pthread_create` takes that lock, so a
+//! start there deadlocked (`crates/tlmalloc-capi/tests/stack_cache.rs`;
+//! the rule: `tests/purger_start.rs`). Started at the second thread's
+//! set-up rather than when free memory first appears, it is running before
+//! a burst is freed, so a program whose threads then stay on their fast
+//! paths still gets its memory back. Every
 //! `interval` (a quarter of `TLMALLOC_PURGE_DELAY_MS`, at most 1 s) a pass:
 //! 1. runs the process-wide purge (shared large-block cache, segment cache);
 //! 2. purges the free pages of abandoned segments and of the process heap;
@@ -76,10 +83,12 @@ const BATCH: usize = 32;
 /// The purger's stack: its deepest call chain is a few KiB.
 const STACK_BYTES: usize = 128 * 1024;
 
-/// Start the purger if free memory appeared, the program has threads of
-/// its own, the option wants it, and it is not started yet. Called at the
-/// end of slow paths (outside any change and any lock: creating a thread
-/// re-enters `malloc`).
+/// Start the purger if the program has threads of its own, the option
+/// wants it, and it is not started yet. Called when a thread heap is set
+/// up and at the end of `malloc`'s slow paths, outside any change and any
+/// lock (creating a thread re-enters `malloc`), and never from a `free`
+/// (see the module's documentation: the C library may hold the lock
+/// `pthread_create` takes while it frees).
 ///
 /// A program that never started a second thread gets no purger: making it
 /// multi-threaded would change what it may do — glibc's `fork` then takes
@@ -88,8 +97,7 @@ const STACK_BYTES: usize = 128 * 1024;
 /// program's one thread purges on its own slow paths.
 #[inline]
 pub fn start_if_wanted() {
-    if !STARTED.load(Ordering::Relaxed) && arena::purgeable_hint() && registry::threads_ever() >= 2
-    {
+    if !STARTED.load(Ordering::Relaxed) && registry::threads_ever() >= 2 {
         start();
     }
 }
@@ -115,8 +123,13 @@ fn start() {
     if STARTED.swap(true, Ordering::AcqRel) {
         return;
     }
+    // The `malloc` that starts it leaves errno as it found it (the system
+    // calls below may set it even when they succeed).
+    let saved_errno = os::errno();
     HANDSHAKE.store(os::membarrier_register(), Ordering::Release);
-    if !os::spawn_thread(run, core::ptr::null_mut(), STACK_BYTES, c"tlmalloc-purge") {
+    let spawned = os::spawn_thread(run, core::ptr::null_mut(), STACK_BYTES, c"tlmalloc-purge");
+    os::set_errno(saved_errno);
+    if !spawned {
         // No thread (no memory for its stack, no threads left, a sandbox):
         // the heaps' own clocks purge, as without the purger, and a later
         // slow path tries again, once a second at most.

@@ -78,7 +78,9 @@ impl Registry {
 }
 
 /// Thread heaps ever registered in this process (a program that never
-/// started a second thread has 1 at most).
+/// started a second thread has 1 at most); in a fork child, counted afresh
+/// from the forking thread's, so that the child, single-threaded, starts
+/// no background purger before it starts a thread of its own.
 static THREADS_EVER: AtomicUsize = AtomicUsize::new(0);
 
 /// Thread heaps ever registered in this process.
@@ -210,6 +212,7 @@ pub(crate) unsafe fn after_fork_child(
 ) {
     // SAFETY: the child has one thread: nothing else uses the registry.
     let r = unsafe { &mut *HEAPS.data_ptr() };
+    THREADS_EVER.store(usize::from(!me.is_null()), Ordering::Relaxed);
     // The purger thread is gone: a heap it had marked would wait forever.
     if !me.is_null() {
         // SAFETY: caller contract: `me` is live.

@@ -92,8 +92,9 @@ fn purger_running() -> bool {
     })
 }
 
-/// Free a large block: a slow path that ends by starting the background
-/// purger if it is wanted and not running.
+/// Allocate and free a large block: the allocation is a slow path that
+/// ends by starting the background purger if it is wanted and not running
+/// (a free never starts it: `tests/purger_start.rs`).
 fn free_a_large_block() {
     let p = common::malloc(MIB);
     // SAFETY: a live block of ours.

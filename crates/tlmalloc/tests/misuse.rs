@@ -186,6 +186,9 @@ fn double_free_by_the_owner_after_a_remote_free_is_reported() {
         "local-after-remote-waiting",
         "double free (already freed by another thread)",
         || {
+            // The batch must still be waiting: no background purger to
+            // publish it first (it starts with the second thread's heap).
+            tlmalloc::options::set(tlmalloc::options::Opt::BackgroundPurge, 0);
             let p = addr(tlmalloc::malloc(64));
             let (freed_tx, freed_rx) = std::sync::mpsc::channel::<()>();
             let (_hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();

@@ -141,6 +141,11 @@ impl WaitingFrees {
 #[test]
 fn a_segment_whose_owner_exited_is_released_when_its_waiting_frees_are_published() {
     let _serial = common::serial();
+    // The frees must still wait when the owner exits: no background purger
+    // pass may publish them first (it runs from the second thread's first
+    // malloc on; `the_purger_publishes_the_batch_of_a_quiet_thread`).
+    let _restore = common::OptRestore::save(&[Opt::BackgroundPurge]);
+    options::set(Opt::BackgroundPurge, 0);
     // The owner exits while the other thread still holds the frees of its
     // blocks in its batch.
     let mut w = WaitingFrees::start();
