@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{child_command, proc_status_bytes, MIB};
+use common::{child_command, proc_status_bytes, purger_running, MIB};
 use tlmalloc::options::{self, Opt};
 
 const CASE_VAR: &str = "TLTEST_AS_CASE";
@@ -82,14 +82,6 @@ fn refused_mapping_flushes_the_caches_first() {
     // SAFETY: a live block of ours.
     unsafe { tlmalloc::free(p) };
     println!("case ok");
-}
-
-/// Whether this process has a thread named `tlmalloc-purge`.
-fn purger_running() -> bool {
-    std::fs::read_dir("/proc/self/task").unwrap().any(|t| {
-        std::fs::read_to_string(t.unwrap().path().join("comm"))
-            .is_ok_and(|c| c.trim_end() == "tlmalloc-purge")
-    })
 }
 
 /// Allocate and free a large block: the allocation is a slow path that

@@ -63,11 +63,5 @@ fn try_reserve_fails_then_succeeds() {
         return;
     }
     let out = common::run_child("try_reserve_fails_then_succeeds", CASE_VAR, "try_reserve");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("case ok"),
-        "child failed ({}):\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_child_printed(&out, "case ok");
 }

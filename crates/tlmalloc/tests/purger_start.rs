@@ -9,18 +9,10 @@
 
 mod common;
 
-use common::{child_command, KIB, MIB};
+use common::{child_command, purger_running, KIB, MIB};
 use tlmalloc::options::{self, Opt};
 
 const CASE_VAR: &str = "TLTEST_PURGER_CASE";
-
-/// Whether this process has a thread named `tlmalloc-purge`.
-fn purger_running() -> bool {
-    std::fs::read_dir("/proc/self/task").unwrap().any(|t| {
-        std::fs::read_to_string(t.unwrap().path().join("comm"))
-            .is_ok_and(|c| c.trim_end() == "tlmalloc-purge")
-    })
-}
 
 /// Blocks a second thread allocated and hands back: a large block and
 /// enough 4 KiB blocks to fill several small pages, so that freeing them
@@ -46,13 +38,7 @@ fn the_purger_is_started_by_a_malloc_never_by_a_free() {
         )
         .output()
         .expect("re-run the test binary");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && stdout.contains("case ok"),
-            "child failed ({}):\n{stdout}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+        common::assert_child_printed(&out, "case ok");
         return;
     }
     // Two thread heaps are set up while the option keeps the purger off.

@@ -147,6 +147,27 @@ pub fn child_command(test_name: &str, var: &str, case: &str) -> Command {
     cmd
 }
 
+/// Check that a child run (see [`child_command`]) exited with status 0
+/// and printed `marker`; show its output otherwise.
+pub fn assert_child_printed(out: &Output, marker: &str) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains(marker),
+        "child failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Whether this process has a thread named `tlmalloc-purge` (the
+/// background purger).
+pub fn purger_running() -> bool {
+    std::fs::read_dir("/proc/self/task").unwrap().any(|t| {
+        std::fs::read_to_string(t.unwrap().path().join("comm"))
+            .is_ok_and(|c| c.trim_end() == "tlmalloc-purge")
+    })
+}
+
 /// [`child_command`] run to completion.
 pub fn run_child(test_name: &str, var: &str, case: &str) -> Output {
     child_command(test_name, var, case)
