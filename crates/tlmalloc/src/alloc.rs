@@ -18,13 +18,14 @@ use crate::init::{init_thread_heap, thread_heap_or_init};
 use crate::large::{self, Origin};
 use crate::large_cache::LocalLargeCache;
 use crate::list::List;
-use crate::os;
+use crate::os::{self, valgrind};
 use crate::page::Page;
 use crate::purge::{self, PurgePolicy};
 use crate::purger;
 use crate::report;
 use crate::segment::{Segment, SegmentKind};
 use crate::size_class::{class_of, class_size, direct_class, FIRST_MEDIUM_CLASS};
+use crate::span;
 
 /// Allocate `size` bytes, 16-byte aligned.
 ///
@@ -447,12 +448,29 @@ fn fresh_page(heap: &ThreadHeap, state: &mut HeapState, class: usize) -> *mut Pa
 #[cold]
 #[inline(never)]
 pub fn large_alloc(size: usize, align: usize, zero: bool) -> *mut u8 {
+    large_alloc_in(size, align, zero, true)
+}
+
+/// As [`large_alloc`], but always a segment of its own (never carved from
+/// a span segment): a user heap links its large blocks through their header.
+#[cold]
+#[inline(never)]
+pub fn large_segment_alloc(size: usize, align: usize, zero: bool) -> *mut u8 {
+    large_alloc_in(size, align, zero, false)
+}
+
+#[inline(always)]
+fn large_alloc_in(size: usize, align: usize, zero: bool, spans: bool) -> *mut u8 {
     // A thread whose first allocation is large gets its heap now, so its
     // frees have a local cache and its slow paths purge.
     let heap = thread_heap_or_init();
     // SAFETY: `[tls-heap]`.
     let h = unsafe { &*heap };
     let own = h.kind() == HeapKind::Thread;
+    // A realtime-prepared thread's held cache keeps serving its blocks.
+    if spans && span::serves(size, align) && !(own && h.keeps_empty_pages()) {
+        return span_alloc(h, size, zero);
+    }
     // (The free of a large block ticks the purge clock: not both.)
     let was = own.then(|| h.begin_change());
     // SAFETY: `[heap-busy]`: a thread heap's state, inside a change.
@@ -474,6 +492,87 @@ pub fn large_alloc(size: usize, align: usize, zero: bool) -> *mut u8 {
     // Outside the change: starting it re-enters malloc.
     purger::start_if_wanted();
     p
+}
+
+/// A large block carved from a span segment (`span.rs`), counted as a
+/// large block like any other.
+#[inline(never)]
+fn span_alloc(h: &ThreadHeap, size: usize, zero: bool) -> *mut u8 {
+    if h.kind() == HeapKind::Thread {
+        let p = take_kept_span_block(h, size, zero);
+        if !p.is_null() {
+            purger::start_if_wanted();
+            return p;
+        }
+    }
+    let mut got = span::alloc(size, zero);
+    if got.is_none() {
+        got = span_alloc_retry(h, size, zero);
+    }
+    let Some((p, usable, mapped)) = got else {
+        return out_of_memory();
+    };
+    if mapped {
+        counters::record_large_cache(false);
+    } else {
+        // Counted by the thread: a shared counter's cache line would
+        // travel between threads on every span block.
+        h.counters.large_local_hits.bump();
+    }
+    h.count_large(usable, true);
+    // (Its free ticks the purge clock, as a large block's.)
+    purger::start_if_wanted();
+    p
+}
+
+/// The span block the thread kept at its last span free, if it has the
+/// usable size a request of `size` bytes gets (else null).
+#[inline]
+fn take_kept_span_block(h: &ThreadHeap, size: usize, zero: bool) -> *mut u8 {
+    let was = h.begin_change();
+    // SAFETY: `[heap-busy]`: the owner's state, inside a change.
+    let local = unsafe { &mut h.state().local_large };
+    let kept = local.span_block();
+    // SAFETY: a kept block is a freed span block whose page its keeper
+    // reads (`span::keep`).
+    let fits =
+        !kept.is_null() && large::large_usable(size) == Some(unsafe { span::kept_usable(kept) });
+    if fits {
+        local.swap_span_block(ptr::null_mut());
+    }
+    h.end_change(was);
+    if !fits {
+        return ptr::null_mut();
+    }
+    // SAFETY: ours since the swap.
+    let usable = unsafe { span::reuse_kept(kept) };
+    if zero {
+        // Its memory was written: a freed block is no-access under memcheck.
+        valgrind::make_mem_undefined(kept, size);
+        // SAFETY: the block holds at least `size` bytes.
+        unsafe { ptr::write_bytes(kept, 0, size) };
+    }
+    h.counters.large_local_hits.bump();
+    h.count_large(usable, true);
+    kept
+}
+
+/// A span request the arena refused: as [`large_alloc_retry`].
+#[cold]
+#[inline(never)]
+fn span_alloc_retry(h: &ThreadHeap, size: usize, zero: bool) -> Option<(*mut u8, usize, bool)> {
+    let own = h.kind() == HeapKind::Thread;
+    let was = own.then(|| h.begin_change());
+    // SAFETY: `[heap-busy]`: a thread heap's state, inside a change.
+    let state = own.then(|| unsafe { h.state() });
+    let flushed = flush_for_retry(state);
+    if let Some(was) = was {
+        h.end_change(was);
+    }
+    if flushed {
+        return span::alloc(size, zero);
+    }
+    None
 }
 
 /// A large request the OS refused: when a reservation cap is set, empty the

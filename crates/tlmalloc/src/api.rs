@@ -21,6 +21,7 @@ use crate::report;
 use crate::segment::{Segment, SegmentKind};
 use crate::segment_map::{self, CHUNK_HEADER_BELOW, CHUNK_SEGMENT};
 use crate::size_class::{class_of, class_size};
+use crate::span;
 use crate::track;
 
 /// The tlmalloc global allocator.
@@ -279,6 +280,17 @@ unsafe fn try_resize(
             if !grown.is_null() {
                 (*thread_heap()).count_large_resize(usable, wanted);
                 return (*grown).large_block();
+            }
+        }
+        // A span block takes the free slots after it, or gives its last
+        // ones back, as long as it stays a span-sized block.
+        if (*segment).kind == SegmentKind::Span && span::serves(new_size, 1) {
+            let Some(wanted) = large::large_usable(new_size) else {
+                return ptr::null_mut();
+            };
+            if span::resize(segment, p, wanted) {
+                (*thread_heap()).count_large_resize(usable, wanted);
+                return p;
             }
         }
         ptr::null_mut()

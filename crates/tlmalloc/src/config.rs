@@ -5,6 +5,7 @@
 //! segment (4 MiB, aligned to 4 MiB)
 //! ├── small segment:  64 pages of 64 KiB   (classes up to SMALL_SIZE_MAX)
 //! ├── medium segment:  8 pages of 512 KiB  (classes up to MEDIUM_SIZE_MAX)
+//! ├── span segment:   63 slots of 64 KiB, shared: large blocks up to SPAN_SIZE_MAX
 //! └── large segment:   one block, any size, mapped for it (or taken from the segment cache)
 //! ```
 //! The segment header (the `Segment` struct with its page table) sits at the
@@ -59,6 +60,15 @@ pub const PAGE_EXTEND_BYTES: usize = 16 * 1024;
 /// recycled through the large-block cache; bigger ones are mapped per block.
 pub const LARGE_CACHE_SIZE_MAX: usize = 128 << 20;
 
+/// Large blocks up to this size are carved from shared span segments
+/// (`span.rs`) in slots of [`SPAN_SLOT_SIZE`] instead of taking a segment
+/// each, so the memory one frees serves the next of any size.
+pub const SPAN_SIZE_MAX: usize = 7 << 19;
+/// log2 of a span segment's slot (slot 0 holds the header).
+pub const SPAN_SLOT_SHIFT: u32 = SMALL_PAGE_SHIFT;
+/// A span segment's slot: a span block takes a run of them.
+pub const SPAN_SLOT_SIZE: usize = 1 << SPAN_SLOT_SHIFT;
+
 /// Empty 4 MiB segments kept mapped for reuse before they go back to the OS.
 pub const SEGMENT_CACHE_SLOTS: usize = 8;
 /// Full pages a slow path inspects (collecting their remote frees) before it
@@ -71,3 +81,8 @@ const _: () = assert!(PAGES_PER_SEGMENT == 64, "free-page masks are one u64");
 const _: () = assert!(MEDIUM_PAGES_PER_SEGMENT <= PAGES_PER_SEGMENT);
 const _: () = assert!(POOL_ALIGN_MAX <= SMALL_PAGE_SIZE);
 const _: () = assert!(DIRECT_SIZE_MAX <= SMALL_SIZE_MAX);
+const _: () = assert!(SPAN_SIZE_MAX > MEDIUM_SIZE_MAX && SPAN_SIZE_MAX <= LARGE_CACHE_SIZE_MAX);
+const _: () = assert!(
+    SPAN_SIZE_MAX / SPAN_SLOT_SIZE < PAGES_PER_SEGMENT,
+    "a span block fits beside the header slot"
+);

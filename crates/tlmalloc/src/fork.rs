@@ -11,7 +11,8 @@
 //!   frame): the structure behind it may be half-changed, so it is started
 //!   afresh in a safe state — what it held is left behind, never reused —
 //!   and the lock is freed. Process heap → reset; abandoned list → emptied;
-//!   heap pool → emptied; segment cache → emptied; registry → a new
+//!   heap pool → emptied; segment cache → emptied; span list → emptied,
+//!   a new epoch (`span.rs`); registry → a new
 //!   generation; a user heap's large-block list → poisoned (never walked
 //!   again); the statistics buffers → unlocked; a half-done process set-up
 //!   → redone.
@@ -44,6 +45,8 @@
 //! 4. `arena::CACHE` (nests nothing)
 //! 5. `registry::HEAPS` (the registry of live heaps; nests nothing)
 //! 6. each `tlmalloc::Heap`'s large-block lock (nests nothing)
+//! 7. `span::SPANS` (the span segments; nests nothing: it is dropped
+//!    around the arena's calls)
 
 use crate::abandoned::ABANDONED;
 use crate::arena;
@@ -54,6 +57,7 @@ use crate::heap_pool;
 use crate::options;
 use crate::purger;
 use crate::registry;
+use crate::span;
 use crate::stats;
 
 /// After `fork`, in the child: repair what vanished threads left
@@ -71,6 +75,7 @@ pub unsafe fn repair_child() {
         ABANDONED.after_fork_child();
         heap_pool::after_fork_child();
         arena::after_fork_child();
+        span::after_fork_child();
         exit_report::after_fork_child();
         stats::after_fork_child();
     }

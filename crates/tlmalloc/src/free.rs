@@ -16,6 +16,7 @@ use crate::registry;
 use crate::remote_batch;
 use crate::report;
 use crate::segment::{Segment, SegmentKind};
+use crate::span;
 use crate::sync::Ordering;
 
 /// Free `p`, a block this allocator handed out and not yet freed.
@@ -178,6 +179,8 @@ unsafe fn free_slow(segment: *mut Segment, p: *mut u8) {
                 report::misuse("free", p, "not the start of a block");
             }
             large_free(segment);
+        } else if (*segment).kind == SegmentKind::Span {
+            span_free(segment, p);
         } else {
             free_remote(segment, p);
         }
@@ -328,6 +331,37 @@ pub unsafe fn large_free(segment: *mut Segment) {
             purge::purge_shared(now, false);
         }
     }
+}
+
+/// Free the block `p` of a span segment (`span.rs`; a second free is
+/// reported there), counted and purged as a large block's free.
+///
+/// # Safety
+/// `segment` is the live span segment of `p`, a block being freed once.
+#[inline(never)]
+pub unsafe fn span_free(segment: *mut Segment, p: *mut u8) {
+    // SAFETY: `[tls-heap]`.
+    let heap = unsafe { &*thread_heap() };
+    if heap.kind() != HeapKind::Thread || heap.keeps_empty_pages() {
+        // SAFETY: caller contract.
+        let usable = unsafe { span::free(segment, p) };
+        heap.count_large(usable, false);
+        purge::purge_shared(os::now_ms(), false);
+        return;
+    }
+    // The thread keeps its last freed span block for its next request of
+    // that size, out of the lock (an alloc/free loop then takes none);
+    // the one it kept before goes back to its segment.
+    // SAFETY: caller contract.
+    let usable = unsafe { span::keep(segment, p) };
+    heap.count_large(usable, false);
+    let was = heap.begin_change();
+    // SAFETY: `[heap-busy]`: the owner's state, inside a change.
+    let before = unsafe { heap.state() }.local_large.swap_span_block(p);
+    heap.end_change(was);
+    // SAFETY: the block kept before is ours, out of the cache now.
+    unsafe { span::release_kept(before) };
+    heap.tick_purge();
 }
 
 /// A large block of a user heap is being freed (from any thread): take it

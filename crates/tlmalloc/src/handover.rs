@@ -26,6 +26,7 @@ use crate::registry;
 use crate::remote_batch::Chain;
 use crate::segment::{Segment, SegmentKind};
 use crate::size_class::CLASS_COUNT;
+use crate::span;
 use crate::sync::Ordering;
 
 /// The pthread-key destructor (`os::register_thread_exit`): hand the
@@ -55,6 +56,8 @@ pub fn thread_exit(value: *mut c_void) {
 pub fn abandon_heap(state: &mut HeapState) {
     let max = large::cache_bound(0);
     state.local_large.set_held(false);
+    // SAFETY: the kept span block is the cache's (`span::keep`).
+    unsafe { span::release_kept(state.local_large.swap_span_block(ptr::null_mut())) };
     state.local_large.retain(|segment| {
         // SAFETY: `[cache-ownership]`: evicted from the local level, ours to
         // pass on or release.

@@ -93,6 +93,11 @@ pub struct LocalLargeCache {
     /// The owning thread is realtime-prepared: keep, do not purge (owner-written).
     held: bool,
     bytes: usize,
+    /// The last span block (`span.rs`) this thread freed, kept out of its
+    /// segment for the thread's next request of that size (null: none).
+    span_block: *mut u8,
+    /// When a purge pass first saw `span_block` (0: not yet).
+    span_since_ms: u64,
 }
 
 const _: () = assert!(LOCAL_SLOTS <= 8, "occupancy is one u8");
@@ -106,7 +111,33 @@ impl LocalLargeCache {
             occupied: 0,
             held: false,
             bytes: 0,
+            span_block: ptr::null_mut(),
+            span_since_ms: 0,
         }
+    }
+
+    /// The kept span block, or null.
+    #[inline]
+    pub fn span_block(&self) -> *mut u8 {
+        self.span_block
+    }
+
+    /// Keep `block` (a freed span block, or null for none) as the span
+    /// block; returns the one kept before, or null.
+    #[inline]
+    pub fn swap_span_block(&mut self, block: *mut u8) -> *mut u8 {
+        self.span_since_ms = 0;
+        core::mem::replace(&mut self.span_block, block)
+    }
+
+    /// For a purge pass: whether the span block has been kept for
+    /// `delay_ms` (stamping it `now_ms` the first time the pass sees it).
+    pub fn span_block_idle(&mut self, now_ms: u64, delay_ms: u64) -> bool {
+        if self.span_since_ms == 0 {
+            self.span_since_ms = now_ms.max(1);
+            return false;
+        }
+        now_ms.saturating_sub(self.span_since_ms) >= delay_ms
     }
 
     /// Take the block of slot `i` (occupied) out of the cache.

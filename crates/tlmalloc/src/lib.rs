@@ -88,6 +88,8 @@ mod purge;
 mod retired_pages;
 #[cfg(not(loom))]
 mod rt_pending;
+#[cfg(not(loom))]
+mod span;
 
 // The heap.
 #[cfg(all(not(loom), feature = "check"))]

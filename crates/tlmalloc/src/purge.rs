@@ -41,6 +41,7 @@ use crate::options::{self, Opt, PURGE_FREE};
 use crate::os;
 use crate::rt_level;
 use crate::segment::Segment;
+use crate::span;
 use crate::sync::{AtomicUsize, Ordering};
 
 /// Slow-path calls between two clock reads.
@@ -221,13 +222,19 @@ pub fn purge_heap_parts(
         }
     }
     purge_local_cache(local_large, now_ms, policy, force);
+    if !local_large.span_block().is_null()
+        && (force || local_large.span_block_idle(now_ms, policy.delay_ms))
+    {
+        // SAFETY: the kept span block is the cache's (`span::keep`).
+        unsafe { span::release_kept(local_large.swap_span_block(ptr::null_mut())) };
+    }
 }
 
 /// Whether a heap whose segments are on `lists` and whose local large cache
 /// is `local` still holds memory a later purge pass would return (dirty
 /// free pages, cached large blocks).
 pub fn parts_hold_purgeable(lists: &[List<Segment>], local: &LocalLargeCache) -> bool {
-    if local.bytes() > 0 && !local.held() {
+    if (local.bytes() > 0 && !local.held()) || !local.span_block().is_null() {
         return true;
     }
     for list in lists {
@@ -293,6 +300,12 @@ pub fn purge_shared(now_ms: u64, force: bool) {
         // SAFETY: out of the cache: ours, its block free.
         |segment| unsafe { large::large_release(segment) },
     );
+    span::sweep(now_ms, policy.release_after_ms(), force, |segment| {
+        if policy.lazy {
+            span::mark_dirty_written(segment);
+        }
+        purge_dirty_pages(segment, now_ms, policy, force);
+    });
     if force {
         arena::cache_flush();
     } else {

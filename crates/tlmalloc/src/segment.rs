@@ -10,7 +10,7 @@ use core::ptr::{self, addr_of_mut};
 
 use crate::config::{
     LARGE_PAGE_SHIFT, MEDIUM_PAGES_PER_SEGMENT, MEDIUM_PAGE_SHIFT, OS_PAGE_SIZE, PAGES_PER_SEGMENT,
-    POOL_ALIGN_MAX, SEGMENT_MASK, SMALL_PAGE_SHIFT,
+    POOL_ALIGN_MAX, SEGMENT_MASK, SMALL_PAGE_SHIFT, SPAN_SLOT_SHIFT,
 };
 use crate::counters;
 use crate::list::{Linked, Links};
@@ -29,6 +29,9 @@ pub enum SegmentKind {
     Medium = 1,
     /// One block, found through page slot 0.
     Large = 2,
+    /// Shared: large blocks of up to `SPAN_SIZE_MAX` in runs of 64 KiB
+    /// slots (`span.rs`); slot 0 holds the header.
+    Span = 3,
 }
 
 impl SegmentKind {
@@ -38,6 +41,7 @@ impl SegmentKind {
             SegmentKind::Small => SMALL_PAGE_SHIFT,
             SegmentKind::Medium => MEDIUM_PAGE_SHIFT,
             SegmentKind::Large => LARGE_PAGE_SHIFT,
+            SegmentKind::Span => SPAN_SLOT_SHIFT,
         }
     }
 
@@ -47,11 +51,15 @@ impl SegmentKind {
             SegmentKind::Small => PAGES_PER_SEGMENT,
             SegmentKind::Medium => MEDIUM_PAGES_PER_SEGMENT,
             SegmentKind::Large => 1,
+            SegmentKind::Span => PAGES_PER_SEGMENT,
         }
     }
 
     /// The free-page mask of an empty segment of this kind.
     pub const fn all_pages_mask(self) -> u64 {
+        if let SegmentKind::Span = self {
+            return !1; // slot 0 is the header's
+        }
         let n = self.page_count();
         if n == 64 {
             u64::MAX
@@ -70,12 +78,14 @@ impl SegmentKind {
 /// - `[segment-owner]`: `owner` is the address of the heap that may use the
 ///   holder-only fields of this segment and of its pages, or 0 when no heap
 ///   may use them locally: an abandoned segment (held by the abandoned list,
-///   then by its adopter), or a large segment of no user heap (its single
+///   then by its adopter), a span segment (held by the span list's lock),
+///   or a large segment of no user heap (its single
 ///   block is freed through the slow path by whichever thread frees it).
 ///   A large block of a user heap has `owner` = that heap, so its free
 ///   unlinks it from the heap's list. Only the current holder changes it.
 /// - `[segment-pages]`: `used_pages == popcount(all_pages_mask(kind) & !free_mask)`,
-///   and a page slot is `in_use` exactly when its bit in `free_mask` is clear.
+///   and a page slot is `in_use` exactly when its bit in `free_mask` is clear
+///   (in a span segment, only the first slot of each block: `[span-segment]`).
 /// - `[segment-mapping]`: `map_base .. map_base + map_size` is the OS mapping
 ///   that contains the segment; the segment is unmapped or cached only when
 ///   `used_pages == 0`.
@@ -146,6 +156,13 @@ pub struct Segment {
     /// Large segments, holder: bytes of the block counted as decommitted in
     /// the statistics (purged, not used since).
     pub large_decommitted: usize,
+    /// Span segments, holder: the span list's generation the segment joined
+    /// (a fork child that finds the list's lock held starts a new one and
+    /// leaves the older segments behind: `span.rs`).
+    pub span_epoch: u32,
+    /// Span segments, holder: the longest run of free slots.
+    pub span_longest_run: u8,
+    _pad4: [u8; 3],
     /// The page table (a large segment uses slot 0 only).
     pub pages: [Page; PAGES_PER_SEGMENT],
     /// Holder: the OS pages of a standard segment that may hold written
@@ -264,6 +281,9 @@ impl Segment {
             addr_of_mut!((*segment).purged_mask).write(0);
             addr_of_mut!((*segment).large_touched).write(0);
             addr_of_mut!((*segment).large_decommitted).write(0);
+            addr_of_mut!((*segment).span_epoch).write(0);
+            addr_of_mut!((*segment).span_longest_run).write(0);
+            addr_of_mut!((*segment)._pad4).write([0; 3]);
             if memory_zeroed {
                 addr_of_mut!((*segment).written).write(WrittenPages::none());
             }

@@ -23,7 +23,7 @@ use core::cell::Cell;
 use core::marker::PhantomData;
 use core::ptr::{self, NonNull};
 
-use crate::alloc::{alloc_class, large_alloc, pooled_size};
+use crate::alloc::{alloc_class, large_segment_alloc, pooled_size};
 use crate::api;
 use crate::arena;
 use crate::collect::sweep;
@@ -242,7 +242,7 @@ unsafe fn user_heap_alloc(heap: *mut ThreadHeap, size: usize, align: usize, zero
         }
         return p;
     }
-    let p = large_alloc(poison::padded(size), align, zero);
+    let p = large_segment_alloc(poison::padded(size), align, zero);
     if p.is_null() {
         return p;
     }

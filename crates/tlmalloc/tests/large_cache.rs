@@ -20,7 +20,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{malloc, mib, touch_pages, OptRestore, Rng, KIB, MIB};
-use tlmalloc::config::{LARGE_CACHE_SIZE_MAX, OS_PAGE_SIZE, SEGMENT_CACHE_SLOTS, SEGMENT_SIZE};
+use tlmalloc::config::{
+    LARGE_CACHE_SIZE_MAX, OS_PAGE_SIZE, SEGMENT_CACHE_SLOTS, SEGMENT_SIZE, SPAN_SIZE_MAX,
+};
 use tlmalloc::large_cache::LOCAL_SLOTS;
 use tlmalloc::options::{self, Opt};
 use tlmalloc::segment::{LARGE_GUARD, METADATA_END};
@@ -104,7 +106,8 @@ fn first_not(p: *const u8, len: usize, value: u8) -> Option<usize> {
 #[test]
 fn same_size_reuse_maps_nothing() {
     let _s = serial();
-    for size in [384 * KIB, MIB, 32 * MIB, 96 * MIB] {
+    // (Span-sized blocks, up to SPAN_SIZE_MAX, are `tests/span.rs`'s.)
+    for size in [SPAN_SIZE_MAX + 1, 6 * MIB, 32 * MIB, 96 * MIB] {
         let p = malloc(size);
         // SAFETY: a live block of `size` bytes.
         unsafe {
@@ -165,19 +168,19 @@ fn same_size_reuse_maps_nothing() {
 #[test]
 fn smaller_requests_reuse_a_cached_block_and_give_the_excess_back() {
     let _s = serial();
-    // A 1 MiB block (in a standard 4 MiB segment) serves every smaller
-    // large request, near or far, without a mapping.
+    // An 8 MiB block serves every smaller request of the tier (above
+    // SPAN_SIZE_MAX), near or far, without a mapping.
     for size in [
-        MIB,
-        MIB - 1,
-        1000 * KIB,
-        896 * KIB,
-        832 * KIB,
-        600 * KIB,
-        320 * KIB,
+        8 * MIB,
+        8 * MIB - 1,
+        8000 * KIB,
+        7 * MIB,
+        6 * MIB + 5,
+        5 * MIB,
+        SPAN_SIZE_MAX + 1,
     ] {
         tlmalloc::collect();
-        let p = malloc(MIB);
+        let p = malloc(8 * MIB);
         free(p);
         let before = os_stats();
         let q = malloc(size);
@@ -185,7 +188,7 @@ fn smaller_requests_reuse_a_cached_block_and_give_the_excess_back() {
         assert!(usable(q) >= size);
         assert_eq!(
             q, p,
-            "request of {size} did not reuse the cached 1 MiB block"
+            "request of {size} did not reuse the cached 8 MiB block"
         );
         assert_eq!(
             after.map_calls, before.map_calls,
@@ -227,8 +230,8 @@ fn smaller_requests_reuse_a_cached_block_and_give_the_excess_back() {
     // With no cached block large enough, the largest cached one grows
     // (`mremap`): no new mapping of the whole size.
     tlmalloc::collect();
-    let small = malloc(2 * MIB);
-    touch_pages(small, 2 * MIB);
+    let small = malloc(5 * MIB);
+    touch_pages(small, 5 * MIB);
     free(small);
     let before = os_stats();
     let q = malloc(12 * MIB);
@@ -712,14 +715,16 @@ fn accounting_model_child() {
     let start = snap();
     assert_eq!(start.lc.local_bytes + start.lc.shared_bytes, 0);
 
+    // Every request above SPAN_SIZE_MAX (a base less up to an eighth):
+    // smaller blocks are span blocks (`tests/span.rs`).
     let bases = [
-        320 * KIB,
-        384 * KIB,
-        448 * KIB,
-        MIB,
-        1320 * KIB,
-        3 * MIB,
+        4 * MIB + 64 * KIB,
+        4 * MIB,
+        4 * MIB + 448 * KIB,
         5 * MIB,
+        6 * MIB + 320 * KIB,
+        7 * MIB,
+        9 * MIB,
         12 * MIB,
         24 * MIB,
         40 * MIB,
@@ -736,10 +741,10 @@ fn accounting_model_child() {
         (&bases, 48 * MIB, 2),
         (&bases, usize::MAX, 3),
         // One class only: its shared slots fill up.
-        (&[384 * KIB], usize::MAX, 3),
+        (&[4 * MIB], usize::MAX, 3),
         // Filled up, then drained (0): small blocks freed beside big live
         // ones fill the local slots before its bytes.
-        (&[384 * KIB, 24 * MIB], usize::MAX, 0),
+        (&[4 * MIB, 24 * MIB], usize::MAX, 0),
     ];
     let mut rng = Rng::new(42);
     let mut model = Model {
@@ -1194,7 +1199,7 @@ fn thread_with_only_large_allocations_uses_local_cache_and_purges() {
     let _s = serial();
     let _o = OptRestore::save(&[Opt::PurgeDelayMs]);
     let (kind, stats_after_free) = thread::spawn(|| {
-        let p = malloc(MIB);
+        let p = malloc(6 * MIB);
         free(p);
         (tlmalloc::thread_heap_kind(), large_cache_stats())
     })
@@ -1203,22 +1208,21 @@ fn thread_with_only_large_allocations_uses_local_cache_and_purges() {
     tlmalloc::collect();
     println!("large-only thread: heap {kind:?}, after one free {stats_after_free:?}");
 
-    // Purging: a 4 MiB block freed by a large-only thread is purged after
+    // Purging: an 8 MiB block freed by a large-only thread is purged after
     // the delay while that thread keeps making large alloc/free calls.
     options::set(Opt::PurgeDelayMs, 50);
     let (purged, elapsed) = thread::spawn(|| {
         let before = os_stats();
-        // Both cached (the 4 MiB one in the shared level, under its 8 MiB
-        // floor): the 384 KiB requests below take the smaller block (the
-        // best fit), and the 4 MiB one waits for its purge.
-        let small = malloc(384 * KIB);
-        let big = malloc(4 * MIB);
+        // Both cached: the requests below take the smaller block (the
+        // best fit), and the 8 MiB one waits for its purge.
+        let small = malloc(SPAN_SIZE_MAX + 1);
+        let big = malloc(8 * MIB);
         free(small);
         free(big);
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(2) {
-            free(malloc(384 * KIB));
-            if os_stats().purged_bytes - before.purged_bytes >= 4 * MIB {
+            free(malloc(SPAN_SIZE_MAX + 1));
+            if os_stats().purged_bytes - before.purged_bytes >= 8 * MIB {
                 return (true, start.elapsed());
             }
             thread::sleep(Duration::from_millis(1));

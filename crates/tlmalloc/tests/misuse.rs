@@ -267,6 +267,71 @@ fn interior_pointer_of_a_large_block_is_reported() {
     );
 }
 
+/// A span block (`span.rs`) freed twice: by its freeing thread (which
+/// keeps it), after it went back to its segment, and by another thread.
+#[test]
+fn span_double_frees_are_reported() {
+    let span = || tlmalloc::malloc(1 << 20);
+    expect_free_report(
+        "span_double_frees_are_reported",
+        "span-kept",
+        "double free of a large block",
+        || {
+            let p = span();
+            // SAFETY: the first free is legal; the second is the misuse.
+            unsafe {
+                tlmalloc::free(p);
+                tlmalloc::free(p);
+            }
+        },
+    );
+    expect_free_report(
+        "span_double_frees_are_reported",
+        "span-released",
+        "double free of a large block",
+        || {
+            let (p, q) = (span(), tlmalloc::malloc(600 << 10));
+            // SAFETY: `q`'s free sends the kept `p` back to its segment;
+            // the second free of `p` is the misuse.
+            unsafe {
+                tlmalloc::free(p);
+                tlmalloc::free(q);
+                tlmalloc::free(p);
+            }
+        },
+    );
+    expect_free_report(
+        "span_double_frees_are_reported",
+        "span-remote",
+        "double free of a large block",
+        || {
+            let p = span() as usize;
+            // SAFETY: the other thread's free is legal (it keeps the block,
+            // and gives it back to its segment as it exits).
+            std::thread::spawn(move || unsafe { tlmalloc::free(p as *mut u8) })
+                .join()
+                .unwrap();
+            // SAFETY: none: the misuse under test.
+            unsafe { tlmalloc::free(p as *mut u8) };
+        },
+    );
+}
+
+/// A pointer one slot (64 KiB) into a span block starts no block.
+#[test]
+fn interior_pointer_of_a_span_block_is_reported() {
+    expect_free_report(
+        "interior_pointer_of_a_span_block_is_reported",
+        "interior-span",
+        "not the start of a block",
+        || {
+            let p = tlmalloc::malloc(1 << 20);
+            // SAFETY: deliberately wrong: a slot boundary inside the block.
+            unsafe { tlmalloc::free(p.add(64 << 10)) };
+        },
+    );
+}
+
 /// With the `check` feature the owner's own frees are checked too.
 #[cfg(feature = "check")]
 #[test]

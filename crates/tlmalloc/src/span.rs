@@ -1,0 +1,605 @@
+//! Span segments: large blocks above `MEDIUM_SIZE_MAX` and up to
+//! `SPAN_SIZE_MAX` (2 MiB) are carved from shared 4 MiB segments, each
+//! block a run of 64 KiB slots, instead of taking a segment of their own.
+//!
+//! Why: with a segment per block, the memory a freed 1.5 MiB block leaves
+//! resident serves only a later block that takes that whole segment: a
+//! 300 KiB block reusing it keeps the rest resident and idle (or has it
+//! purged, and the next big block faults it in again), and each thread's
+//! cache keeps its own. Here a freed run of slots goes back to its segment
+//! at once, merges with the free slots beside it (a bit mask: merging is
+//! free), and the next block of any size that fits takes it, from any
+//! thread, its resident pages reused. mimalloc's slices and jemalloc's
+//! extents carve large blocks from shared spans the same way.
+//!
+//! The layout: slot 0 holds the header; slots 1..=63 carry blocks. A block
+//! of usable size `u` (its size class, `large::large_usable`, as for every
+//! large block, so sizes, `good_size` and the sized-free check do not
+//! depend on the tier) takes `ceil(u / 64 KiB)` slots starting at slot `i`,
+//! is `pages[i]` (`used == 1` while live), and starts at the slot's first
+//! byte, so `(p - segment) >> 16` finds it as it finds a small page.
+//!
+//! Who may use it: requests with an alignment up to 64 KiB (a slot's),
+//! outside the `secure` build (whose large blocks each end at a guard page),
+//! from any thread except one whose large cache is held (a realtime-prepared
+//! thread keeps its prewarmed blocks: `realtime.rs`); user heaps keep a
+//! segment per large block (their blocks are linked through its header).
+//!
+//! Concurrency: one lock ([`SPANS`]) for the list of span segments and
+//! every span segment's header. A block of at least 256 KiB is worth far
+//! more than an uncontended lock (touching it costs tens of microseconds),
+//! and frees come from any thread, so a lock is the simple owner.
+//!
+//! Invariant `[span-segment]`: a span segment on the list (`span_epoch ==`
+//! the list's epoch) is held by the lock: its header is read and written
+//! only under it. `free_mask` has a bit set for each free slot (bit 0, the
+//! header's, never); a live block's slots have their bits clear; the first
+//! slot of a live block has its page `in_use`, `used == 1`, `area` = the
+//! slot's start and `block_size` = its usable size; the other slots' pages
+//! are not `in_use` (so a pointer into a block's later slots is reported as
+//! no block). `used_pages` counts the slots in use, `span_longest_run` is
+//! the longest run of free slots. `dirty_mask` (free slots that may hold
+//! resident memory) and `purged_mask` are kept as for other segments, so
+//! the purge pass treats a span segment like any other (`purge.rs`).
+//! At most [`EMPTY_KEPT`] segments with no block stay on the list.
+//!
+//! Fork: a child that finds the lock held starts a new, empty list with a
+//! new epoch ([`after_fork_child`]); the older segments' blocks live on and
+//! their frees leave them as they are (left behind, never reused: `[fork]`).
+
+use core::ptr;
+
+use crate::arena;
+use crate::config::{
+    MEDIUM_SIZE_MAX, OS_PAGE_SIZE, POOL_ALIGN_MAX, SEGMENT_SIZE, SPAN_SIZE_MAX, SPAN_SLOT_SHIFT,
+    SPAN_SLOT_SIZE,
+};
+use crate::counters;
+use crate::large::large_usable;
+use crate::list::List;
+use crate::lock::{SpinGuard, SpinLock};
+use crate::os::valgrind;
+use crate::poison;
+use crate::report;
+use crate::segment::{Segment, SegmentKind};
+
+/// Empty span segments kept on the list for the next block (more go back
+/// to the arena at once; these after eight purge delays).
+const EMPTY_KEPT: usize = 2;
+
+/// The span segments and their epoch (see the module doc).
+pub(crate) struct Spans {
+    segments: List<Segment>,
+    /// Segments on the list with no block.
+    empty: usize,
+    epoch: u32,
+    /// The slots the last free gave back (a listed segment, its first
+    /// slot, the count; null when none): a request of that many slots
+    /// takes them without a search, so an alloc/free loop costs no scan.
+    last_freed: (*mut Segment, usize, usize),
+}
+
+// SAFETY: the list owns the headers it links (`[span-segment]`); the lock
+// around it serialises access.
+unsafe impl Send for Spans {}
+
+/// Lock order: see `fork.rs` (nests nothing: a segment is taken from, or
+/// given back to, the arena with the lock dropped).
+pub(crate) static SPANS: SpinLock<Spans> = SpinLock::new(Spans {
+    segments: List::new(),
+    empty: 0,
+    epoch: 0,
+    last_freed: (ptr::null_mut(), 0, 0),
+});
+
+/// Whether a large request of `size` bytes aligned to `align` is carved
+/// from a span segment (the caller also keeps held caches and user heaps
+/// apart: see the module doc).
+#[inline]
+pub const fn serves(size: usize, align: usize) -> bool {
+    !cfg!(feature = "secure")
+        && size > MEDIUM_SIZE_MAX
+        && size <= SPAN_SIZE_MAX
+        && align <= POOL_ALIGN_MAX
+}
+
+/// Slots a block of `usable` bytes takes.
+#[inline]
+const fn slots_for(usable: usize) -> usize {
+    usable.div_ceil(SPAN_SLOT_SIZE)
+}
+
+/// The mask of `count` slots from `first` (`first + count <= 64`,
+/// `first < 64`).
+#[inline]
+const fn run_mask(first: usize, count: usize) -> u64 {
+    debug_assert!(first < 64 && first + count <= 64);
+    if count >= 64 {
+        u64::MAX
+    } else {
+        ((1u64 << count) - 1) << first
+    }
+}
+
+/// The longest run of set bits in `mask`.
+fn longest_run(mask: u64) -> usize {
+    let mut rest = mask;
+    let mut longest = 0;
+    while rest != 0 {
+        let first = rest.trailing_zeros() as usize;
+        let len = (!(rest >> first)).trailing_zeros() as usize;
+        longest = longest.max(len);
+        rest &= !run_mask(first, len);
+    }
+    longest
+}
+
+/// Where `want` slots go among the free slots `free`, `dirty` (a subset)
+/// being those whose memory is still resident: the placement that reuses
+/// the most resident slots (so that a freed block's memory serves the next
+/// one instead of staying idle while fresh slots are faulted in), then the
+/// tightest run. Tried in each run long enough: its start, its end, and
+/// from its first resident slot.
+fn best_in(free: u64, dirty: u64, want: usize) -> Option<Placement> {
+    let mut rest = free;
+    let mut best: Option<Placement> = None;
+    while rest != 0 {
+        let first = rest.trailing_zeros() as usize;
+        let len = (!(rest >> first)).trailing_zeros() as usize;
+        rest &= !run_mask(first, len);
+        if len < want {
+            continue;
+        }
+        let last_start = first + len - want;
+        let run_dirty = dirty & run_mask(first, len);
+        let from_dirty = if run_dirty == 0 {
+            first
+        } else {
+            (run_dirty.trailing_zeros() as usize).min(last_start)
+        };
+        for start in [first, last_start, from_dirty] {
+            let place = Placement {
+                start,
+                reused: (dirty & run_mask(start, want)).count_ones(),
+                run: len,
+            };
+            if best.is_none_or(|b| place.better_than(&b)) {
+                best = Some(place);
+            }
+        }
+    }
+    best
+}
+
+/// A candidate place for a block: its first slot, how many of its slots
+/// are resident already, and the length of the free run it is cut from.
+#[derive(Clone, Copy)]
+struct Placement {
+    start: usize,
+    reused: u32,
+    run: usize,
+}
+
+impl Placement {
+    fn better_than(&self, other: &Placement) -> bool {
+        self.reused > other.reused || (self.reused == other.reused && self.run < other.run)
+    }
+}
+
+impl Spans {
+    /// The segment and first slot for a block of `slots` slots: the
+    /// best placement ([`best_in`]) over the listed segments (the first of
+    /// equals), or None when no free run is long enough.
+    fn find(&self, slots: usize) -> Option<(*mut Segment, usize)> {
+        let (last, first, count) = self.last_freed;
+        if count == slots && !last.is_null() {
+            // SAFETY: `[span-segment]`: `last_freed` names a listed header.
+            let free = unsafe { (*last).free_mask };
+            if free & run_mask(first, count) == run_mask(first, count) {
+                return Some((last, first));
+            }
+        }
+        let mut best: Option<(*mut Segment, Placement)> = None;
+        let mut segment = self.segments.first();
+        while !segment.is_null() {
+            // SAFETY: `[span-segment]`: a listed header, ours under the lock.
+            let s = unsafe { &mut *segment };
+            if s.span_longest_run as usize >= slots {
+                match best_in(s.free_mask, s.dirty_mask & s.free_mask, slots) {
+                    Some(place) => {
+                        if best.is_none_or(|(_, b)| place.better_than(&b)) {
+                            best = Some((segment, place));
+                            if place.reused as usize == slots && place.run == slots {
+                                break; // resident and exact: nothing fits better
+                            }
+                        }
+                    }
+                    // The bound was stale (claims leave it as it was).
+                    None => s.span_longest_run = longest_run(s.free_mask) as u8,
+                }
+            }
+            // SAFETY: as above.
+            segment = unsafe { List::next(segment) };
+        }
+        best.map(|(segment, place)| (segment, place.start))
+    }
+}
+
+/// A block of `size` bytes from a span segment (`serves(size, align)`
+/// holds): its address and usable size, and whether a segment was taken
+/// from the arena for it. With `zero`, its first `size` bytes read as zero
+/// (cleared only where they may have been written). None when the arena
+/// refuses a segment.
+pub fn alloc(size: usize, zero: bool) -> Option<(*mut u8, usize, bool)> {
+    let usable = large_usable(size)?;
+    let slots = slots_for(usable);
+    let mut spans = SPANS.lock();
+    let (segment, first, fresh) = match spans.find(slots) {
+        Some((segment, first)) => (segment, first, false),
+        None => {
+            drop(spans);
+            let segment = arena::segment_alloc(SegmentKind::Span);
+            if segment.is_null() {
+                return None;
+            }
+            spans = SPANS.lock();
+            // SAFETY: a fresh span header from the arena, ours alone; it
+            // joins the list under the lock (`[span-segment]`).
+            unsafe {
+                (*segment).span_epoch = spans.epoch;
+                (*segment).span_longest_run = (*segment).free_mask.count_ones() as u8;
+                (*segment).cached_at_ms = 0;
+                spans.segments.push_front(segment);
+            }
+            spans.empty += 1;
+            (segment, 1, true)
+        }
+    };
+    // SAFETY: `[span-segment]`: a listed header, ours under the lock, with
+    // `slots` free slots from `first`.
+    let (p, dirty_end) = unsafe { carve(&mut spans, segment, first, slots, usable) };
+    drop(spans);
+    if zero && dirty_end > 0 {
+        // A freed block is no-access under memcheck until handed out.
+        valgrind::make_mem_undefined(p, size.min(dirty_end));
+        // SAFETY: the block is ours and holds at least `size` bytes.
+        unsafe { ptr::write_bytes(p, 0, size.min(dirty_end)) };
+    }
+    Some((p, usable, fresh))
+}
+
+/// Take `slots` free slots from `first` of `segment` for a block of
+/// `usable` bytes. Returns the block and how many of its first bytes may
+/// hold written memory (past them it reads as zero).
+///
+/// # Safety
+/// `[span-segment]`: `spans` guards `segment`, a listed span segment whose
+/// slots `first .. first + slots` are free.
+unsafe fn carve(
+    spans: &mut Spans,
+    segment: *mut Segment,
+    first: usize,
+    slots: usize,
+    usable: usize,
+) -> (*mut u8, usize) {
+    // SAFETY: caller contract.
+    let s = unsafe { &mut *segment };
+    let mask = run_mask(first, slots);
+    debug_assert!(s.free_mask & mask == mask);
+    if s.used_pages == 0 {
+        spans.empty -= 1;
+    }
+    let offset = first << SPAN_SLOT_SHIFT;
+    // Freed span slots are dirty until purged (and a lazy purge marks them
+    // written first); `written` holds what the segment's earlier life wrote.
+    let written_end = if s.dirty_mask & mask != 0 {
+        offset + usable
+    } else {
+        s.written.written_end(offset, offset + usable)
+    };
+    claim_slots(s, mask);
+    if ptr::eq(spans.last_freed.0, segment) {
+        spans.last_freed.0 = ptr::null_mut();
+    }
+    // SAFETY: the slot is a page of this header (`first < 64`).
+    let page = unsafe { &mut *ptr::addr_of_mut!(s.pages[first]) };
+    // SAFETY: in bounds of the segment: `first + slots <= 64` slots.
+    let block = unsafe { segment.cast::<u8>().add(offset) };
+    page.init(block, usable, 1, 0);
+    page.capacity = 1;
+    page.used = 1;
+    (block, written_end - offset)
+}
+
+/// Mark the free slots of `mask` in use: counted, no longer dirty, and
+/// what was purged counts as committed again.
+fn claim_slots(s: &mut Segment, mask: u64) {
+    s.free_mask &= !mask;
+    s.dirty_mask &= !mask;
+    s.used_pages += mask.count_ones();
+    let mut purged = s.purged_mask & mask;
+    s.purged_mask &= !mask;
+    while purged != 0 {
+        let index = purged.trailing_zeros() as usize;
+        purged &= purged - 1;
+        counters::record_recommit(s.slot_purge_range(index).1);
+    }
+    // `span_longest_run` stays an upper bound: `Spans::find` mends it.
+}
+
+/// Give the slots of `mask` back: free and dirty (their memory stays
+/// resident, and written, until a purge pass).
+fn release_slots(s: &mut Segment, mask: u64) {
+    if s.dirty_mask == 0 {
+        // Unstamped: the next purge pass stamps it (a free reads no clock).
+        s.dirty_since_ms = 0;
+    }
+    s.dirty_mask |= mask;
+    s.free_mask |= mask;
+    s.used_pages -= mask.count_ones();
+    s.span_longest_run = longest_run(s.free_mask) as u8;
+}
+
+/// Record the dirty slots of `s` in its `written` pages: before the
+/// segment leaves for the arena (whose next user trusts `written`), and
+/// before a lazy purge (`MADV_FREE` may keep the bytes).
+pub fn mark_dirty_written(s: &mut Segment) {
+    let mut dirty = s.dirty_mask;
+    while dirty != 0 {
+        let first = dirty.trailing_zeros() as usize;
+        let len = (!(dirty >> first)).trailing_zeros() as usize;
+        dirty &= !run_mask(first, len);
+        s.written
+            .mark(first << SPAN_SLOT_SHIFT, (first + len) << SPAN_SLOT_SHIFT);
+    }
+}
+
+/// The block of `segment` that starts at `p`, checked: its slot index, or
+/// a report and abort when `p` starts no live block.
+///
+/// # Safety
+/// `[span-segment]`: the caller holds the lock of `segment`'s list.
+unsafe fn live_block_at(segment: *mut Segment, p: *mut u8) -> usize {
+    let offset = p as usize - segment as usize;
+    let index = offset >> SPAN_SLOT_SHIFT;
+    // SAFETY: caller contract; `index < 64` for an address in the segment.
+    let page = unsafe { &(*segment).pages[index] };
+    if offset & (SPAN_SLOT_SIZE - 1) != 0 || index == 0 || !page.in_use || page.used != 1 {
+        if offset & (SPAN_SLOT_SIZE - 1) == 0 && index != 0 && page.area() == p {
+            report::misuse("free", p, "double free of a large block");
+        }
+        report::misuse("free", p, "not the start of a block");
+    }
+    index
+}
+
+/// Free the span block `p` of `segment` (from any thread): its slots go
+/// back to the segment, and the segment to the arena when it is empty and
+/// enough empty ones are kept. A second free, or a pointer that starts no
+/// block, is reported. Returns the block's usable size (for the counts).
+///
+/// # Safety
+/// `segment` is the live span segment holding `p`, which this allocator
+/// handed out (as a live or a freed block, or not at all: each is told apart).
+pub unsafe fn free(segment: *mut Segment, p: *mut u8) -> usize {
+    let spans = SPANS.lock();
+    // SAFETY: caller contract; `[span-segment]` under the lock.
+    unsafe {
+        let index = live_block_at(segment, p);
+        let usable = (*segment).pages[index].block_size;
+        poison::verify_slack("free", p, usable);
+        (*segment).pages[index].used = 0;
+        give_back_block(spans, segment, index);
+        usable
+    }
+}
+
+/// The calling thread frees the span block `p` of `segment` to keep it
+/// for its next request of the same size (`LocalLargeCache::span_block`):
+/// checked as [`free`] checks it, then marked free (`used == 0`, so a second
+/// free is reported) while its slots stay taken. Returns its usable size.
+///
+/// # Safety
+/// As [`free`]. The caller keeps the block until [`reuse_kept`] or
+/// [`release_kept`]. (No lock: the page of a block is written only by
+/// the block's holder while its slots are taken.)
+pub unsafe fn keep(segment: *mut Segment, p: *mut u8) -> usize {
+    // SAFETY: caller contract.
+    unsafe {
+        let index = live_block_at(segment, p);
+        let page = &mut (*segment).pages[index];
+        poison::verify_slack("free", p, page.block_size);
+        page.used = 0;
+        page.block_size
+    }
+}
+
+/// The usable size of a block kept by [`keep`].
+///
+/// # Safety
+/// `p` was kept by the calling thread with [`keep`] and is still kept.
+pub unsafe fn kept_usable(p: *mut u8) -> usize {
+    let segment = Segment::of(p);
+    // SAFETY: caller contract: the block's page is its keeper's to read.
+    unsafe { (*segment).pages[(p as usize - segment as usize) >> SPAN_SLOT_SHIFT].block_size }
+}
+
+/// Hand a block kept by [`keep`] out again; returns its usable size.
+///
+/// # Safety
+/// `p` was kept by the calling thread with [`keep`] and is still kept.
+pub unsafe fn reuse_kept(p: *mut u8) -> usize {
+    let segment = Segment::of(p);
+    // SAFETY: caller contract: the block's page is ours to write.
+    unsafe {
+        let page = &mut (*segment).pages[(p as usize - segment as usize) >> SPAN_SLOT_SHIFT];
+        page.used = 1;
+        page.block_size
+    }
+}
+
+/// Give a block kept by [`keep`] back to its segment (null: nothing).
+///
+/// # Safety
+/// `p` is null, or was kept with [`keep`] and is given up by its keeper.
+pub unsafe fn release_kept(p: *mut u8) {
+    if p.is_null() {
+        return;
+    }
+    let segment = Segment::of(p);
+    let spans = SPANS.lock();
+    // SAFETY: caller contract: a free block whose slots are still taken.
+    unsafe {
+        give_back_block(
+            spans,
+            segment,
+            (p as usize - segment as usize) >> SPAN_SLOT_SHIFT,
+        )
+    };
+}
+
+/// Give the slots of the freed block at slot `index` of `segment` back
+/// (its page already says `used == 0`), and the segment to the arena when
+/// it is empty and enough empty ones are kept. Takes the lock's guard to
+/// drop it before the arena is called.
+///
+/// # Safety
+/// `[span-segment]`: `spans` guards `segment`, whose slot `index` starts
+/// a block freed by the caller.
+unsafe fn give_back_block(mut spans: SpinGuard<'_, Spans>, segment: *mut Segment, index: usize) {
+    // SAFETY: caller contract.
+    let s = unsafe { &mut *segment };
+    if s.span_epoch != spans.epoch {
+        return; // left behind by a fork (module doc)
+    }
+    let page = &mut s.pages[index];
+    page.reset();
+    let slots = slots_for(page.block_size);
+    release_slots(s, run_mask(index, slots));
+    spans.last_freed = (segment, index, slots);
+    let mut give_back = false;
+    if s.used_pages == 0 {
+        if spans.empty >= EMPTY_KEPT {
+            // SAFETY: listed (its epoch is the list's).
+            unsafe { spans.segments.remove(segment) };
+            spans.last_freed.0 = ptr::null_mut();
+            mark_dirty_written(s);
+            give_back = true;
+        } else {
+            spans.empty += 1;
+            s.cached_at_ms = 0; // stamped by the next purge pass
+        }
+    }
+    drop(spans);
+    if give_back {
+        // SAFETY: off the list: an empty span segment, ours alone.
+        unsafe { arena::segment_free(segment) };
+    } else {
+        arena::note_purgeable();
+    }
+}
+
+/// Resize the live span block `p` of `segment` to `usable` bytes (a large
+/// class of at most `SPAN_SIZE_MAX`) in place: shrinking gives its last
+/// slots back, growing takes the free slots right after it. False (nothing
+/// changed) when they are not free.
+///
+/// # Safety
+/// The caller holds the live block `p` of the span segment `segment`.
+pub unsafe fn resize(segment: *mut Segment, p: *mut u8, usable: usize) -> bool {
+    debug_assert!(usable > MEDIUM_SIZE_MAX && usable <= SPAN_SIZE_MAX);
+    let spans = SPANS.lock();
+    // SAFETY: caller contract; `[span-segment]` under the lock.
+    unsafe {
+        let index = live_block_at(segment, p);
+        let s = &mut *segment;
+        if s.span_epoch != spans.epoch {
+            return false; // left behind by a fork: never changed again
+        }
+        let old = s.pages[index].block_size;
+        let (have, want) = (slots_for(old), slots_for(usable));
+        if want > have {
+            if index + want > 64 {
+                return false; // past the segment's last slot
+            }
+            let extra = run_mask(index + have, want - have);
+            if s.free_mask & extra != extra {
+                return false;
+            }
+            claim_slots(s, extra);
+        } else if want < have {
+            release_slots(s, run_mask(index + want, have - want));
+        }
+        s.pages[index].block_size = usable;
+        true
+    }
+}
+
+/// Visit every span segment for a purge pass (`purge.rs`): `purge` is
+/// called on each under the lock; an empty one stamped more than
+/// `release_after_ms` ago (or any empty one, with `force`) then goes back
+/// to the arena. An empty segment unstamped so far is stamped `now_ms`.
+pub fn sweep(now_ms: u64, release_after_ms: u64, force: bool, mut purge: impl FnMut(&mut Segment)) {
+    let mut release = [ptr::null_mut::<Segment>(); EMPTY_KEPT];
+    let mut released = 0;
+    {
+        let mut spans = SPANS.lock();
+        let mut segment = spans.segments.first();
+        while !segment.is_null() {
+            // SAFETY: `[span-segment]`: listed, ours under the lock.
+            let s = unsafe { &mut *segment };
+            // SAFETY: as above; read before the segment may leave the list.
+            let next = unsafe { List::next(segment) };
+            purge(s);
+            if s.used_pages == 0 {
+                if s.cached_at_ms == 0 && !force {
+                    s.cached_at_ms = now_ms.max(1);
+                } else if (force || now_ms.saturating_sub(s.cached_at_ms) >= release_after_ms)
+                    && released < EMPTY_KEPT
+                {
+                    // SAFETY: listed (above).
+                    unsafe { spans.segments.remove(segment) };
+                    spans.empty -= 1;
+                    if ptr::eq(spans.last_freed.0, segment) {
+                        spans.last_freed.0 = ptr::null_mut();
+                    }
+                    mark_dirty_written(s);
+                    // No panic: `released < EMPTY_KEPT`, checked above.
+                    release[released] = segment;
+                    released += 1;
+                }
+            }
+            segment = next;
+        }
+    }
+    // No panic: `released <= EMPTY_KEPT`.
+    for &segment in &release[..released] {
+        // SAFETY: taken off the list above: an empty span segment, ours.
+        unsafe { arena::segment_free(segment) };
+    }
+}
+
+/// Fork child: if a vanished thread held the lock, start an empty list
+/// with a new epoch (the segments on the old one are left behind).
+///
+/// # Safety
+/// Only from the fork child handler (one thread in the process).
+pub unsafe fn after_fork_child() {
+    if SPANS.is_locked() {
+        // SAFETY: caller contract: no thread uses the list or its lock.
+        unsafe {
+            let spans = &mut *SPANS.data_ptr();
+            spans.segments = List::new();
+            spans.empty = 0;
+            spans.last_freed = (ptr::null_mut(), 0, 0);
+            spans.epoch = spans.epoch.wrapping_add(1);
+            SPANS.force_unlock();
+        }
+    }
+}
+
+const _: () = assert!(SPAN_SLOT_SIZE % OS_PAGE_SIZE == 0);
+const _: () = assert!(
+    SEGMENT_SIZE / SPAN_SLOT_SIZE == 64,
+    "a slot mask is one u64"
+);
