@@ -716,19 +716,42 @@ fn accounting_model_child() {
     assert_eq!(start.lc.local_bytes + start.lc.shared_bytes, 0);
 
     // Every request above SPAN_SIZE_MAX (a base less up to an eighth):
-    // smaller blocks are span blocks (`tests/span.rs`).
-    let bases = [
-        4 * MIB + 64 * KIB,
-        4 * MIB,
-        4 * MIB + 448 * KIB,
-        5 * MIB,
-        6 * MIB + 320 * KIB,
-        7 * MIB,
-        9 * MIB,
-        12 * MIB,
-        24 * MIB,
-        40 * MIB,
-    ];
+    // smaller blocks are span blocks (`tests/span.rs`). The `secure` build
+    // has no span blocks, so there the tier starts at 256 KiB.
+    const SPANS: bool = !cfg!(feature = "secure");
+    let bases: [usize; 10] = if SPANS {
+        [
+            4 * MIB + 64 * KIB,
+            4 * MIB,
+            4 * MIB + 448 * KIB,
+            5 * MIB,
+            6 * MIB + 320 * KIB,
+            7 * MIB,
+            9 * MIB,
+            12 * MIB,
+            24 * MIB,
+            40 * MIB,
+        ]
+    } else {
+        [
+            320 * KIB,
+            384 * KIB,
+            448 * KIB,
+            MIB,
+            1320 * KIB,
+            3 * MIB,
+            5 * MIB,
+            12 * MIB,
+            24 * MIB,
+            40 * MIB,
+        ]
+    };
+    let one_class: &[usize] = if SPANS { &[4 * MIB] } else { &[384 * KIB] };
+    let drained: &[usize] = if SPANS {
+        &[4 * MIB, 24 * MIB]
+    } else {
+        &[384 * KIB, 24 * MIB]
+    };
     // The sequence goes through phases (of `PHASE` steps), so that frees
     // meet the bound's floor, its adaptive range and its cap, and the
     // levels fill up: (request sizes, the live bytes above which the next
@@ -741,10 +764,10 @@ fn accounting_model_child() {
         (&bases, 48 * MIB, 2),
         (&bases, usize::MAX, 3),
         // One class only: its shared slots fill up.
-        (&[4 * MIB], usize::MAX, 3),
+        (one_class, usize::MAX, 3),
         // Filled up, then drained (0): small blocks freed beside big live
         // ones fill the local slots before its bytes.
-        (&[4 * MIB, 24 * MIB], usize::MAX, 0),
+        (drained, usize::MAX, 0),
     ];
     let mut rng = Rng::new(42);
     let mut model = Model {

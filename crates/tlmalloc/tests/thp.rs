@@ -17,7 +17,7 @@ use std::path::Path;
 use std::sync::MutexGuard;
 
 use common::{malloc, serial, touch_pages, OptRestore, MIB};
-use tlmalloc::config::{OS_PAGE_SIZE, SEGMENT_SIZE};
+use tlmalloc::config::{OS_PAGE_SIZE, SEGMENT_SIZE, SPAN_SIZE_MAX};
 use tlmalloc::options::{self, Opt, THP_LARGE, THP_SYSTEM};
 
 /// The mapping that contains `addr`: its range and `VmFlags`, or None.
@@ -156,15 +156,17 @@ fn an_advised_block_cut_down_never_becomes_a_standard_segment() {
         return;
     };
     tlmalloc::collect();
-    // A 48 MiB block (advised), cached, then reused for 1 MiB: its mapping
-    // is cut, but to a page more than a segment, so that once released it
-    // is unmapped rather than cached as a segment small blocks may get.
+    // A 48 MiB block (advised), cached, then reused for the smallest
+    // request of its tier that fits a standard segment (just above the span
+    // range, `SPAN_SIZE_MAX`): its mapping is cut, but to a page more than
+    // a segment, so that once released it is unmapped rather than cached
+    // as a segment small blocks may get.
     let big = malloc(48 * MIB);
     touch_pages(big, 48 * MIB);
     // SAFETY: live, freed once.
     unsafe { tlmalloc::free(big) };
-    let q = malloc(MIB);
-    assert_eq!(q, big, "the 1 MiB request did not reuse the cached block");
+    let q = malloc(SPAN_SIZE_MAX + 1);
+    assert_eq!(q, big, "the smaller request did not reuse the cached block");
     let segment = q as usize & !(SEGMENT_SIZE - 1);
     let (lo, hi, flags) = mapping_of(segment).expect("the block's segment is mapped");
     assert!(
