@@ -65,7 +65,7 @@ use crate::segment::{Segment, SegmentKind};
 
 /// Empty span segments kept on the list for the next block (more go back
 /// to the arena at once; these after eight purge delays).
-const EMPTY_KEPT: usize = 2;
+const EMPTY_KEPT: usize = 4;
 
 /// The span segments and their epoch (see the module doc).
 pub(crate) struct Spans {
