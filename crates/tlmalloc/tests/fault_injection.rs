@@ -25,6 +25,7 @@ use std::thread;
 use std::time::Instant;
 
 use common::{serial_alone, touched, OptRestore, Rng, KIB, MIB};
+use tlmalloc::config::SPAN_SIZE_MAX;
 use tlmalloc::fault_injection::{self as fi, OsCall};
 use tlmalloc::options::{self, Opt};
 
@@ -482,13 +483,14 @@ fn refused_large_purge_keeps_the_decommitted_count() {
     tlmalloc::collect();
     let decommitted = || tlmalloc::stats::os_stats().decommitted_bytes;
     let d0 = decommitted();
-    // A 32 MiB block cached, then reused for 1 MiB: its mapping is cut to
-    // the standard 4 MiB and what it may have touched inside is purged
-    // (counted decommitted) while the 1 MiB block is live.
+    // A 32 MiB block cached, then reused for the smallest request of its
+    // tier (just above the span range): its mapping is cut to the standard
+    // 4 MiB and what it may have touched inside is purged (counted
+    // decommitted) while the smaller block is live.
     let p = common::malloc(32 * MIB);
     // SAFETY: live blocks of ours, freed once.
     unsafe { tlmalloc::free(p) };
-    let q = common::malloc(MIB);
+    let q = common::malloc(SPAN_SIZE_MAX + 1);
     let d1 = decommitted();
     assert!(d1 > d0, "the reuse purged nothing: {d0} -> {d1}");
     // SAFETY: as above.
@@ -515,21 +517,22 @@ fn refused_remap_keeps_the_cached_block() {
     let _off = FailuresOff;
     tlmalloc::collect();
     let local_bytes = || tlmalloc::stats::large_cache_stats().local_bytes;
-    let p = common::malloc(3 * MIB);
+    // (Above the span range: span blocks are not in this cache.)
+    let p = common::malloc(5 * MIB);
     // SAFETY: live blocks of ours, freed once.
     unsafe { tlmalloc::free(p) };
     let cached = local_bytes();
-    assert!(cached >= 3 * MIB, "the 3 MiB block was not cached");
+    assert!(cached >= 5 * MIB, "the 5 MiB block was not cached");
     let refused = fi::injected_call_failures(OsCall::Remap);
     fi::set_call_failure_rate(OsCall::Remap, ALWAYS);
     // Nothing cached is large enough: the cached block would be grown, but
     // both `mremap`s (in place, then moving) are refused.
-    let q = tlmalloc::malloc(8 * MIB);
+    let q = tlmalloc::malloc(12 * MIB);
     fi::set_failure_rate(0);
-    assert!(!q.is_null(), "8 MiB refused although mmap works");
+    assert!(!q.is_null(), "12 MiB refused although mmap works");
     assert!(fi::injected_call_failures(OsCall::Remap) > refused);
     assert_eq!(local_bytes(), cached, "the cached block was dropped");
-    let r = common::malloc(3 * MIB); // served by the cached block
+    let r = common::malloc(5 * MIB); // served by the cached block
     assert_eq!(local_bytes(), 0);
     // SAFETY: as above.
     unsafe {
