@@ -414,14 +414,21 @@ pub unsafe fn keep(segment: *mut Segment, p: *mut u8) -> usize {
     }
 }
 
+/// The segment of a span block starting at `p`, and its first slot.
+#[inline]
+fn slot_of(p: *mut u8) -> (*mut Segment, usize) {
+    let segment = Segment::of(p);
+    (segment, (p as usize - segment as usize) >> SPAN_SLOT_SHIFT)
+}
+
 /// The usable size of a block kept by [`keep`].
 ///
 /// # Safety
 /// `p` was kept by the calling thread with [`keep`] and is still kept.
 pub unsafe fn kept_usable(p: *mut u8) -> usize {
-    let segment = Segment::of(p);
+    let (segment, index) = slot_of(p);
     // SAFETY: caller contract: the block's page is its keeper's to read.
-    unsafe { (*segment).pages[(p as usize - segment as usize) >> SPAN_SLOT_SHIFT].block_size }
+    unsafe { (*segment).pages[index].block_size }
 }
 
 /// Hand a block kept by [`keep`] out again; returns its usable size.
@@ -429,10 +436,10 @@ pub unsafe fn kept_usable(p: *mut u8) -> usize {
 /// # Safety
 /// `p` was kept by the calling thread with [`keep`] and is still kept.
 pub unsafe fn reuse_kept(p: *mut u8) -> usize {
-    let segment = Segment::of(p);
+    let (segment, index) = slot_of(p);
     // SAFETY: caller contract: the block's page is ours to write.
     unsafe {
-        let page = &mut (*segment).pages[(p as usize - segment as usize) >> SPAN_SLOT_SHIFT];
+        let page = &mut (*segment).pages[index];
         page.used = 1;
         page.block_size
     }
@@ -446,16 +453,10 @@ pub unsafe fn release_kept(p: *mut u8) {
     if p.is_null() {
         return;
     }
-    let segment = Segment::of(p);
+    let (segment, index) = slot_of(p);
     let spans = SPANS.lock();
     // SAFETY: caller contract: a free block whose slots are still taken.
-    unsafe {
-        give_back_block(
-            spans,
-            segment,
-            (p as usize - segment as usize) >> SPAN_SLOT_SHIFT,
-        )
-    };
+    unsafe { give_back_block(spans, segment, index) };
 }
 
 /// Give the slots of the freed block at slot `index` of `segment` back
