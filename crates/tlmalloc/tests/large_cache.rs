@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use common::{malloc, mib, touch_pages, OptRestore, Rng, KIB, MIB};
 use tlmalloc::config::{
-    LARGE_CACHE_SIZE_MAX, OS_PAGE_SIZE, SEGMENT_CACHE_SLOTS, SEGMENT_SIZE, SPAN_SIZE_MAX,
+    LARGE_CACHE_SIZE_MAX, OS_PAGE_SIZE, SEGMENT_CACHE_SLOTS, SEGMENT_CACHE_WINDOW_OPS,
+    SEGMENT_SIZE, SPAN_SIZE_MAX,
 };
 use tlmalloc::large_cache::LOCAL_SLOTS;
 use tlmalloc::options::{self, Opt};
@@ -572,8 +573,69 @@ struct Model {
     local: [Option<usize>; LOCAL_SLOTS],
     /// The shared level: per size class, the blocks it holds.
     shared: Vec<Vec<usize>>,
-    /// The arena's cache of empty 4 MiB segments (bases; last in on top).
-    segments: Vec<usize>,
+    /// The arena's cache of empty 4 MiB segments.
+    segments: SegmentCacheModel,
+}
+
+/// Bytes a purge of a cached segment gives back: all past its header's
+/// OS pages (where a large block starts).
+const CACHE_PURGE_LEN: usize = SEGMENT_SIZE - BLOCK_OFFSET;
+
+/// The arena's segment cache (`arena.rs`): a stack of (base, purged), last
+/// in on top, and the window of its low-water mark.
+#[derive(Default)]
+struct SegmentCacheModel {
+    segments: Vec<(usize, bool)>,
+    /// The fewest segments held since the window began.
+    low: usize,
+    /// Takes and puts since the window began (`collect` starts one).
+    ops: usize,
+}
+
+impl SegmentCacheModel {
+    /// The segment on top, if any (what was purged of it counts as
+    /// committed again).
+    fn pop(&mut self, os: &mut OsStats) -> Option<usize> {
+        let (base, purged) = self.segments.pop()?;
+        self.low = self.low.min(self.segments.len());
+        self.ops += 1;
+        if purged {
+            os.decommitted_bytes -= CACHE_PURGE_LEN;
+        }
+        Some(base)
+    }
+
+    /// Put `base` on top: a full cache unmaps its bottom segment first; a
+    /// window that ends purges the bottom segments it never reached (how
+    /// many is returned).
+    fn push(&mut self, base: usize, os: &mut OsStats) -> usize {
+        if self.segments.len() == SEGMENT_CACHE_SLOTS {
+            let (_, purged) = self.segments.remove(0);
+            self.low = self.low.saturating_sub(1);
+            os.unmap_calls += 1;
+            os.reserved_bytes -= SEGMENT_SIZE;
+            if purged {
+                os.decommitted_bytes -= CACHE_PURGE_LEN;
+            }
+        }
+        self.segments.push((base, false));
+        self.ops += 1;
+        let mut purges = 0;
+        if self.ops >= SEGMENT_CACHE_WINDOW_OPS as usize {
+            for (_, purged) in &mut self.segments[..self.low] {
+                if !*purged {
+                    *purged = true;
+                    purges += 1;
+                    os.purge_calls += 1;
+                    os.purged_bytes += CACHE_PURGE_LEN;
+                    os.decommitted_bytes += CACHE_PURGE_LEN;
+                }
+            }
+            self.low = self.segments.len();
+            self.ops = 0;
+        }
+        purges
+    }
 }
 
 impl Model {
@@ -596,11 +658,15 @@ impl Model {
 
     /// Bytes mapped for the blocks and the cached segments.
     fn reserved(&self) -> usize {
-        self.blocks.values().map(|b| b.map).sum::<usize>() + self.segments.len() * SEGMENT_SIZE
+        self.blocks.values().map(|b| b.map).sum::<usize>()
+            + self.segments.segments.len() * SEGMENT_SIZE
     }
 
+    /// Bytes purged and not used since: of the blocks, and of the purged
+    /// segments in the segment cache.
     fn decommitted(&self) -> usize {
-        self.blocks.values().map(|b| b.decommitted).sum()
+        self.blocks.values().map(|b| b.decommitted).sum::<usize>()
+            + self.segments.segments.iter().filter(|s| s.1).count() * CACHE_PURGE_LEN
     }
 }
 
@@ -633,6 +699,8 @@ struct Paths {
     released_bin_full: usize,
     released_bytes: usize,
     released_to_segment_cache: usize,
+    /// Cached segments purged by the cache's window (its low-water mark).
+    segment_cache_purged: usize,
     bound_floor: usize,
     bound_adaptive: usize,
     bound_cap: usize,
@@ -776,7 +844,7 @@ fn accounting_model_child() {
         shared: (0..=class_index(LARGE_CACHE_SIZE_MAX))
             .map(|_| Vec::new())
             .collect(),
-        segments: Vec::new(),
+        segments: SegmentCacheModel::default(),
     };
     let mut live: Vec<usize> = Vec::new(); // addresses, in the order drawn from
     let mut last_freed: Option<usize> = None;
@@ -846,8 +914,8 @@ fn accounting_model_child() {
                 os.segments_in_use -= 1;
                 os.decommitted_bytes -= block.decommitted;
                 model.blocks.remove(&p);
-                if bytes == SEGMENT_SIZE && model.segments.len() < SEGMENT_CACHE_SLOTS {
-                    model.segments.push(p - BLOCK_OFFSET);
+                if bytes == SEGMENT_SIZE {
+                    paths.segment_cache_purged += model.segments.push(p - BLOCK_OFFSET, &mut os);
                     paths.released_to_segment_cache += 1;
                     "the segment cache"
                 } else {
@@ -993,7 +1061,7 @@ fn accounting_model_child() {
                     map_for(want)
                 };
                 let cached = if map == SEGMENT_SIZE {
-                    model.segments.pop()
+                    model.segments.pop(&mut os)
                 } else {
                     None
                 };
@@ -1075,7 +1143,7 @@ fn accounting_model_child() {
             start.os.reserved_bytes + model.reserved(),
             "step {step}: reserved bytes: blocks mapped {}, segments cached {}",
             model.blocks.len(),
-            model.segments.len()
+            model.segments.segments.len()
         );
         assert_eq!(
             s.os.segments_in_use,

@@ -252,3 +252,85 @@ fn a_lazily_purged_cached_segment_keeps_its_record_of_written_pages() {
     assert!(same, "the second thread should reuse the cached segment");
     assert_eq!(stale, 0, "blocks handed out holding an old heap's free key");
 }
+
+/// Whether any OS page holding one of `blocks` (1 KiB each) is resident,
+/// the pages of the segment header excepted (a cached segment keeps them).
+fn any_resident(blocks: &[usize]) -> bool {
+    const SEGMENT: usize = 4 * MIB;
+    let mut v = [0u8; 1];
+    blocks.iter().any(|&p| {
+        let page = p & !(common::PAGE - 1);
+        if page - (p & !(SEGMENT - 1)) < tlmalloc::segment::METADATA_PAGES_END {
+            return false;
+        }
+        // SAFETY: `page` is mapped (a cached segment of ours stays mapped);
+        // `v` holds the one byte a one-page query writes.
+        let rc = unsafe { libc::mincore(page as *mut libc::c_void, common::PAGE, v.as_mut_ptr()) };
+        rc == 0 && v[0] & 1 != 0
+    })
+}
+
+/// The segment cache purges what its own traffic shows unwanted, without
+/// waiting for the purge delay (an hour here): eight threads each leave an
+/// empty, written segment in the cache; then short-lived threads, one at a
+/// time, each take a segment out and put it back. The cache never holds
+/// fewer than seven meanwhile, so once a window of that traffic is over
+/// (`arena.rs`: the cache's low-water mark), the segments at its bottom are
+/// purged: at most the one the short-lived threads cycle through, and one
+/// more, keep their pages resident.
+#[test]
+fn segments_the_cache_traffic_leaves_unwanted_are_purged_before_the_delay() {
+    const THREADS: usize = 8;
+    let _g = serial();
+    let _o = OptRestore::save(&[Opt::PurgeDelayMs]);
+    options::set(Opt::PurgeDelayMs, 3_600_000);
+    tlmalloc::collect(); // an empty segment cache
+    let purged = os_stats().purged_bytes;
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(THREADS));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                let blocks: Vec<usize> = (0..64).map(|_| malloc(1024) as usize).collect();
+                for &p in &blocks {
+                    // SAFETY: a live block of 1 KiB.
+                    unsafe { std::ptr::write_bytes(p as *mut u8, 1, 1024) };
+                }
+                barrier.wait(); // all eight hold a segment at once
+                for &p in &blocks {
+                    // SAFETY: live blocks of ours, freed once.
+                    unsafe { tlmalloc::free(p as *mut u8) };
+                }
+                blocks
+            })
+        })
+        .collect();
+    let segments: Vec<Vec<usize>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let written = segments.iter().filter(|b| any_resident(b)).count();
+    for _ in 0..3 * THREADS {
+        std::thread::spawn(|| {
+            let p = malloc(1024);
+            // SAFETY: a live block of 1 KiB, freed once.
+            unsafe {
+                *p = 1;
+                tlmalloc::free(p);
+            }
+        })
+        .join()
+        .unwrap();
+    }
+    let resident = segments.iter().filter(|b| any_resident(b)).count();
+    println!(
+        "segments resident: {written} after the eight exited, {resident} after the churn; purged {:.1} MiB",
+        mib(os_stats().purged_bytes - purged)
+    );
+    assert_eq!(
+        written, THREADS,
+        "each thread's blocks should be resident in the cache"
+    );
+    assert!(
+        resident <= 2,
+        "{resident} of {THREADS} idle cached segments still resident"
+    );
+    assert!(os_stats().purged_bytes - purged >= (THREADS - 2) * 64 * 1024);
+}
