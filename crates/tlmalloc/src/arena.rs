@@ -26,7 +26,7 @@ use crate::os;
 use crate::page::THREAD_FREE_LEN_SHIFT;
 use crate::rt_level;
 use crate::rt_pending;
-use crate::segment::{Segment, SegmentKind, GUARD_OFFSET, METADATA_PAGES_END};
+use crate::segment::{slot_purge_range_at, Segment, SegmentKind, GUARD_OFFSET, METADATA_PAGES_END};
 use crate::segment_map::{self, CHUNK_FOREIGN, CHUNK_SEGMENT};
 use crate::sync::{AtomicBool, AtomicU32, Ordering};
 
@@ -334,6 +334,37 @@ pub unsafe fn purge(p: *mut u8, size: usize, lazy: bool) -> bool {
         counters::record_purge(size);
     }
     done
+}
+
+/// Purge the page slots of `mask` in the segment at `base` (pages of
+/// `1 << page_shift` bytes), run by run; returns the slots the OS refused.
+/// Reads and writes no header: the caller records what was purged
+/// (`Segment::record_purged`), under whatever guards the header.
+///
+/// # Safety
+/// The slots of `mask` are free pages of a live segment at `base`: nothing
+/// uses their memory, and no other thread claims them during the call.
+pub unsafe fn purge_slot_runs(base: usize, page_shift: u32, mut mask: u64, lazy: bool) -> u64 {
+    let mut refused = 0u64;
+    while mask != 0 {
+        let first = mask.trailing_zeros() as usize;
+        let run = (!(mask >> first)).trailing_zeros() as usize; // consecutive slots
+        let (start, _) = slot_purge_range_at(base, page_shift, first);
+        let (last_start, last_len) = slot_purge_range_at(base, page_shift, first + run - 1);
+        let end = last_start + last_len;
+        let run_mask = if run >= 64 {
+            u64::MAX
+        } else {
+            ((1u64 << run) - 1) << first
+        };
+        // SAFETY: caller contract: free memory of the segment, page-aligned
+        // and mapped (nothing to purge: the header's own part of slot 0).
+        if end > start && !unsafe { purge(start as *mut u8, end - start, lazy) } {
+            refused |= run_mask;
+        }
+        mask &= !run_mask;
+    }
+    refused
 }
 
 /// Grow the mapping `[p, p + old)` to `new` bytes where it stands, under

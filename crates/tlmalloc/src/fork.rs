@@ -46,7 +46,7 @@
 //! 5. `registry::HEAPS` (the registry of live heaps; nests nothing)
 //! 6. each `tlmalloc::Heap`'s large-block lock (nests nothing)
 //! 7. `span::SPANS` (the span segments; nests nothing: it is dropped
-//!    around the arena's calls)
+//!    around the arena's calls and a purge pass's `madvise`)
 
 use crate::abandoned::ABANDONED;
 use crate::arena;

@@ -124,52 +124,42 @@ impl PurgeClock {
     }
 }
 
+/// The free pages of `segment` due for a purge: dirty for the delay (all
+/// of them with `force`). A segment freed into since the last pass is
+/// stamped now instead (its idle time starts), and has none due.
+pub fn dirty_pages_due(
+    segment: &mut Segment,
+    now_ms: u64,
+    policy: PurgePolicy,
+    force: bool,
+) -> u64 {
+    if segment.dirty_mask == 0 {
+        return 0;
+    }
+    if !force {
+        if segment.dirty_since_ms == 0 {
+            segment.dirty_since_ms = now_ms;
+            return 0;
+        }
+        if now_ms.saturating_sub(segment.dirty_since_ms) < policy.delay_ms {
+            return 0;
+        }
+    }
+    segment.dirty_mask & segment.free_mask
+}
+
 /// Purge the free pages of `segment` that have been dirty for the delay
 /// (all of them with `force`). A run the OS refused to purge stays dirty,
 /// so the next pass tries it again.
 pub fn purge_dirty_pages(segment: &mut Segment, now_ms: u64, policy: PurgePolicy, force: bool) {
-    if segment.dirty_mask == 0 {
+    let mask = dirty_pages_due(segment, now_ms, policy, force);
+    if mask == 0 {
         return;
     }
-    if !force {
-        if segment.dirty_since_ms == 0 {
-            // Freed since the last pass: its idle time starts now.
-            segment.dirty_since_ms = now_ms;
-            return;
-        }
-        if now_ms.saturating_sub(segment.dirty_since_ms) < policy.delay_ms {
-            return;
-        }
-    }
-    let mut mask = segment.dirty_mask & segment.free_mask;
-    let mut refused = 0u64;
-    while mask != 0 {
-        let first = mask.trailing_zeros() as usize;
-        let run = (!(mask >> first)).trailing_zeros() as usize; // consecutive dirty slots
-        let (start, _) = segment.slot_purge_range(first);
-        let (last_start, last_len) = segment.slot_purge_range(first + run - 1);
-        let end = last_start + last_len;
-        let run_mask = if run >= 64 {
-            u64::MAX
-        } else {
-            ((1u64 << run) - 1) << first
-        };
-        // SAFETY: the slots are free pages of the caller's segment: nothing
-        // uses their memory, and the range is page-aligned and mapped.
-        if end <= start || unsafe { arena::purge(start as *mut u8, end - start, policy.lazy) } {
-            // Purged (or nothing to purge: the header's own part of slot 0).
-            segment.purged_mask |= run_mask;
-            if !policy.lazy {
-                // Zero again: a slot claimed later leaves these OS pages
-                // for the program to fault in (`[untouched]`).
-                let base = ptr::from_ref(segment) as usize;
-                segment.written.clear(start - base, end - base);
-            }
-        } else {
-            refused |= run_mask;
-        }
-        mask &= !run_mask;
-    }
+    let base = ptr::from_mut(segment) as usize;
+    // SAFETY: the slots of `mask` are free pages of the caller's segment.
+    let refused = unsafe { arena::purge_slot_runs(base, segment.page_shift, mask, policy.lazy) };
+    segment.record_purged(mask & !refused, policy.lazy);
     segment.dirty_mask = refused;
 }
 
@@ -300,12 +290,13 @@ pub fn purge_shared(now_ms: u64, force: bool) {
         // SAFETY: out of the cache: ours, its block free.
         |segment| unsafe { large::large_release(segment) },
     );
-    span::sweep(now_ms, policy.release_after_ms(), force, |segment| {
-        if policy.lazy {
-            span::mark_dirty_written(segment);
-        }
-        purge_dirty_pages(segment, now_ms, policy, force);
-    });
+    span::sweep(
+        now_ms,
+        policy.release_after_ms(),
+        force,
+        policy.lazy,
+        |segment| dirty_pages_due(segment, now_ms, policy, force),
+    );
     if force {
         arena::cache_flush();
     } else {

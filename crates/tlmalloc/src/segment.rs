@@ -209,6 +209,17 @@ pub const LARGE_GUARD: usize = if cfg!(feature = "secure") {
 #[cfg(not(loom))]
 const _: () = assert!(core::mem::offset_of!(Segment, pages) == 128);
 
+/// [`Segment::slot_purge_range`] of the segment at `base` with pages of
+/// `1 << page_shift` bytes, computed from its address alone (a caller that
+/// purges a span segment's slots with its lock dropped reads no header).
+pub const fn slot_purge_range_at(base: usize, page_shift: u32, index: usize) -> (usize, usize) {
+    let first_area = (base + METADATA_END + OS_PAGE_SIZE - 1) & !(OS_PAGE_SIZE - 1);
+    let slot = base + (index << page_shift);
+    let start = if slot > first_area { slot } else { first_area };
+    let end = base + ((index + 1) << page_shift);
+    (start, end.saturating_sub(start))
+}
+
 impl Segment {
     /// The segment holding `p` (for any block start outside the
     /// header-below case of `segment_map`).
@@ -347,11 +358,27 @@ impl Segment {
     /// The bytes of page slot `index` a purge gives back: its start and
     /// length (slot 0 keeps the header's OS pages).
     pub fn slot_purge_range(&self, index: usize) -> (usize, usize) {
+        slot_purge_range_at(self as *const Segment as usize, self.page_shift, index)
+    }
+
+    /// The slots of `mask` were purged: recorded as such (`purged_mask`),
+    /// and, unless the purge was `lazy` (`MADV_FREE` may keep the bytes),
+    /// as reading zero again (`written` cleared), so that a slot claimed
+    /// later leaves these OS pages for the program to fault in
+    /// (`[untouched]`).
+    pub fn record_purged(&mut self, mask: u64, lazy: bool) {
+        self.purged_mask |= mask;
+        if lazy {
+            return;
+        }
         let base = self as *const Segment as usize;
-        let first_area = (base + METADATA_END + OS_PAGE_SIZE - 1) & !(OS_PAGE_SIZE - 1);
-        let start = (base + (index << self.page_shift)).max(first_area);
-        let end = base + ((index + 1) << self.page_shift);
-        (start, end.saturating_sub(start))
+        let mut rest = mask;
+        while rest != 0 {
+            let index = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            let (start, len) = self.slot_purge_range(index);
+            self.written.clear(start - base, start - base + len);
+        }
     }
 
     /// The segment leaves its holder (to the segment cache or the OS):

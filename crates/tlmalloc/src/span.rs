@@ -38,14 +38,21 @@
 //! slot's start and `block_size` = its usable size; the other slots' pages
 //! are not `in_use` (so a pointer into a block's later slots is reported as
 //! no block). `used_pages` counts the slots in use, `span_longest_run` is
-//! the longest run of free slots. `dirty_mask` (free slots that may hold
-//! resident memory) and `purged_mask` are kept as for other segments, so
-//! the purge pass treats a span segment like any other (`purge.rs`).
-//! At most [`EMPTY_KEPT`] segments with no block stay on the list.
+//! an upper bound of the longest run of free slots. `dirty_mask` (free
+//! slots that may hold resident memory) and `purged_mask` are kept as for
+//! other segments. Slots a purge pass took out ([`sweep`]) are neither free
+//! nor a block's: their bits are clear in `free_mask` and `dirty_mask` and
+//! they count in `used_pages` until the pass gives them back, purged,
+//! under the lock; meanwhile only the pass touches their memory (with the
+//! lock dropped). At most [`EMPTY_KEPT`] segments with no block stay on
+//! the list.
 //!
 //! Fork: a child that finds the lock held starts a new, empty list with a
 //! new epoch ([`after_fork_child`]); the older segments' blocks live on and
 //! their frees leave them as they are (left behind, never reused: `[fork]`).
+//! Slots a purge pass of another thread had taken out when the process
+//! forked stay taken in the child: never reused there, like the blocks of
+//! a list left behind.
 
 use core::ptr;
 
@@ -481,10 +488,8 @@ unsafe fn give_back_block(mut spans: SpinGuard<'_, Spans>, segment: *mut Segment
     let mut give_back = false;
     if s.used_pages == 0 {
         if spans.empty >= EMPTY_KEPT {
-            // SAFETY: listed (its epoch is the list's).
-            unsafe { spans.segments.remove(segment) };
-            spans.last_freed.0 = ptr::null_mut();
-            mark_dirty_written(s);
+            // SAFETY: listed (its epoch is the list's), empty.
+            unsafe { unlist_empty(&mut spans, segment) };
             give_back = true;
         } else {
             spans.empty += 1;
@@ -497,6 +502,23 @@ unsafe fn give_back_block(mut spans: SpinGuard<'_, Spans>, segment: *mut Segment
         unsafe { arena::segment_free(segment) };
     } else {
         arena::note_purgeable();
+    }
+}
+
+/// Take the empty segment `segment` off the list, to go back to the arena
+/// (the caller mends `spans.empty` if it counted the segment).
+///
+/// # Safety
+/// `[span-segment]`: `spans` guards `segment`, a listed span segment with
+/// no block.
+unsafe fn unlist_empty(spans: &mut Spans, segment: *mut Segment) {
+    // SAFETY: caller contract.
+    unsafe {
+        spans.segments.remove(segment);
+        mark_dirty_written(&mut *segment);
+    }
+    if ptr::eq(spans.last_freed.0, segment) {
+        spans.last_freed.0 = ptr::null_mut();
     }
 }
 
@@ -536,13 +558,30 @@ pub unsafe fn resize(segment: *mut Segment, p: *mut u8, usable: usize) -> bool {
     }
 }
 
-/// Visit every span segment for a purge pass (`purge.rs`): `purge` is
-/// called on each under the lock; an empty one stamped more than
-/// `release_after_ms` ago (or any empty one, with `force`) then goes back
-/// to the arena. An empty segment unstamped so far is stamped `now_ms`.
-pub fn sweep(now_ms: u64, release_after_ms: u64, force: bool, mut purge: impl FnMut(&mut Segment)) {
+/// Slot runs one sweep takes out to purge (more wait for the next pass).
+const SWEEP_BATCH: usize = 16;
+
+/// A purge pass over the span segments (`purge.rs`): `due` names the free
+/// slots of each segment to purge now; an empty segment stamped more than
+/// `release_after_ms` ago (or any empty one, with `force`) goes back to the
+/// arena. An empty segment unstamped so far is stamped `now_ms`.
+///
+/// The lock is not held across `madvise`: the slots to purge are taken out
+/// like a block's (no longer free, so no carve, growth or neighbour's merge
+/// reaches them, and their segment is not empty), purged with the lock
+/// dropped, and given back under it as free and clean.
+pub fn sweep(
+    now_ms: u64,
+    release_after_ms: u64,
+    force: bool,
+    lazy: bool,
+    mut due: impl FnMut(&mut Segment) -> u64,
+) {
     let mut release = [ptr::null_mut::<Segment>(); EMPTY_KEPT];
     let mut released = 0;
+    let mut taken = [(ptr::null_mut::<Segment>(), 0u64); SWEEP_BATCH];
+    let mut taken_count = 0;
+    let sweep_clock = (now_ms, release_after_ms, force);
     {
         let mut spans = SPANS.lock();
         let mut segment = spans.segments.first();
@@ -551,24 +590,17 @@ pub fn sweep(now_ms: u64, release_after_ms: u64, force: bool, mut purge: impl Fn
             let s = unsafe { &mut *segment };
             // SAFETY: as above; read before the segment may leave the list.
             let next = unsafe { List::next(segment) };
-            purge(s);
-            if s.used_pages == 0 {
-                if s.cached_at_ms == 0 && !force {
-                    s.cached_at_ms = now_ms.max(1);
-                } else if (force || now_ms.saturating_sub(s.cached_at_ms) >= release_after_ms)
-                    && released < EMPTY_KEPT
-                {
-                    // SAFETY: listed (above).
-                    unsafe { spans.segments.remove(segment) };
-                    spans.empty -= 1;
-                    if ptr::eq(spans.last_freed.0, segment) {
-                        spans.last_freed.0 = ptr::null_mut();
-                    }
-                    mark_dirty_written(s);
-                    // No panic: `released < EMPTY_KEPT`, checked above.
-                    release[released] = segment;
-                    released += 1;
-                }
+            let mask = due(s);
+            if mask != 0 && taken_count < SWEEP_BATCH {
+                take_for_purge(&mut spans, s, mask, lazy);
+                // No panic: `taken_count < SWEEP_BATCH`, checked above.
+                taken[taken_count] = (segment, mask);
+                taken_count += 1;
+            }
+            if s.used_pages == 0 && sweep_empty(&mut spans, s, sweep_clock, released < EMPTY_KEPT) {
+                // No panic: `released < EMPTY_KEPT`, checked above.
+                release[released] = segment;
+                released += 1;
             }
             segment = next;
         }
@@ -578,6 +610,104 @@ pub fn sweep(now_ms: u64, release_after_ms: u64, force: bool, mut purge: impl Fn
         // SAFETY: taken off the list above: an empty span segment, ours.
         unsafe { arena::segment_free(segment) };
     }
+    if taken_count == 0 {
+        return;
+    }
+    let mut refused = [0u64; SWEEP_BATCH];
+    // No panic: `taken_count <= SWEEP_BATCH`.
+    for (&(segment, mask), refused) in taken[..taken_count].iter().zip(&mut refused) {
+        // SAFETY: the slots were taken out under the lock: free memory that
+        // nobody claims until they are given back below.
+        *refused = unsafe { arena::purge_slot_runs(segment as usize, SPAN_SLOT_SHIFT, mask, lazy) };
+    }
+    let mut emptied = [ptr::null_mut::<Segment>(); SWEEP_BATCH];
+    let mut emptied_count = 0;
+    {
+        let mut spans = SPANS.lock();
+        for (&(segment, mask), &refused) in taken[..taken_count].iter().zip(&refused) {
+            // SAFETY: `[span-segment]`: the slots taken out keep the segment
+            // listed (it is not empty), so it is ours under the lock.
+            let s = unsafe { &mut *segment };
+            // The slots purged were taken out of the segment, neither free
+            // nor in use: `[span-segment]` holds again once given back.
+            give_back_purged(s, mask, refused, lazy);
+            let emptied_now = s.used_pages == 0
+                && if spans.empty >= EMPTY_KEPT {
+                    // SAFETY: listed (its taken slots kept it there), empty.
+                    unsafe { unlist_empty(&mut spans, segment) };
+                    true
+                } else {
+                    spans.empty += 1;
+                    s.cached_at_ms = 0; // empty from now on: stamped below
+                    sweep_empty(&mut spans, s, sweep_clock, true)
+                };
+            if emptied_now {
+                // No panic: at most one per taken run, `< SWEEP_BATCH`.
+                emptied[emptied_count] = segment;
+                emptied_count += 1;
+            }
+        }
+    }
+    for &segment in &emptied[..emptied_count] {
+        // SAFETY: taken off the list in the loop above: empty, ours.
+        unsafe { arena::segment_free(segment) };
+    }
+}
+
+/// Take the free slots of `mask` out of `s` for a purge with the lock
+/// dropped: no longer free nor dirty, counted as in use (so the segment
+/// is not empty meanwhile). With `lazy`, the dirty slots are first marked
+/// written (`MADV_FREE` may keep their bytes).
+fn take_for_purge(spans: &mut Spans, s: &mut Segment, mask: u64, lazy: bool) {
+    debug_assert!(s.free_mask & mask == mask);
+    if lazy {
+        mark_dirty_written(s);
+    }
+    if s.used_pages == 0 {
+        spans.empty -= 1;
+    }
+    s.free_mask &= !mask;
+    s.dirty_mask &= !mask;
+    s.used_pages += mask.count_ones();
+    if ptr::eq(spans.last_freed.0, ptr::from_mut(s)) {
+        spans.last_freed.0 = ptr::null_mut();
+    }
+}
+
+/// Give the slots of `mask` taken out by [`take_for_purge`] back to `s`:
+/// free, purged except those of `refused` (still resident, so dirty).
+fn give_back_purged(s: &mut Segment, mask: u64, refused: u64, lazy: bool) {
+    s.record_purged(mask & !refused, lazy);
+    if refused != 0 && s.dirty_mask == 0 {
+        s.dirty_since_ms = 0; // stamped by the next purge pass
+    }
+    s.dirty_mask |= refused;
+    s.free_mask |= mask;
+    s.used_pages -= mask.count_ones();
+    s.span_longest_run = longest_run(s.free_mask) as u8;
+}
+
+/// A sweep met the empty listed segment `s` (counted in `spans.empty`):
+/// stamp it if it is unstamped, or take it off the list when it was
+/// stamped `release_after_ms` ago (any, with `force`) and `may_release`.
+/// True when it left the list (the caller gives it to the arena).
+fn sweep_empty(
+    spans: &mut Spans,
+    s: &mut Segment,
+    (now_ms, release_after_ms, force): (u64, u64, bool),
+    may_release: bool,
+) -> bool {
+    if s.cached_at_ms == 0 && !force {
+        s.cached_at_ms = now_ms.max(1);
+        return false;
+    }
+    if !may_release || (!force && now_ms.saturating_sub(s.cached_at_ms) < release_after_ms) {
+        return false;
+    }
+    // SAFETY: `[span-segment]`: listed (the caller met it on the list), empty.
+    unsafe { unlist_empty(spans, ptr::from_mut(s)) };
+    spans.empty -= 1;
+    true
 }
 
 /// Fork child: if a vanished thread held the lock, start an empty list

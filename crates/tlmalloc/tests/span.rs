@@ -287,3 +287,88 @@ fn freed_span_memory_is_purged() {
         "only {purged} bytes purged of 18 MiB freed"
     );
 }
+
+/// Whether every OS page of the block `p` of `len` bytes (its first byte
+/// each, and its last byte) still holds `byte`: a purge zeroes whole pages.
+fn pages_hold(p: *mut u8, len: usize, byte: u8) -> bool {
+    // SAFETY: the caller's block holds `len` bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(p, len) };
+    bytes.iter().step_by(common::PAGE).all(|&b| b == byte) && bytes[len - 1] == byte
+}
+
+/// Purge passes take the slots they purge out of their span segment and
+/// purge them with the span lock dropped: no block carved meanwhile may
+/// land on them (a `MADV_DONTNEED` there would zero it), and they come
+/// back free. Two threads allocate, fill, check and free random span
+/// blocks while a third forces purge passes (`collect`) in a loop: every
+/// block keeps its bytes, the passes purge, and once every block is freed
+/// the span segments go back.
+#[test]
+fn purge_passes_beside_span_traffic_never_touch_a_live_block() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let _serial = common::serial();
+    fresh_thread_state();
+    let before = tlmalloc::stats::os_stats();
+    let stop = Arc::new(AtomicBool::new(false));
+    let passes = {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            free(malloc(16));
+            let mut passes = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                tlmalloc::collect();
+                passes += 1;
+            }
+            passes
+        })
+    };
+    let workers: Vec<_> = (0..2u64)
+        .map(|t| {
+            thread::spawn(move || {
+                let mut rng = Rng::new(11 + t);
+                let mut held: Vec<(usize, usize, u8)> = Vec::new();
+                for i in 0..400u32 {
+                    let size = MEDIUM_SIZE_MAX + 1 + rng.below(SPAN_SIZE_MAX - MEDIUM_SIZE_MAX);
+                    let p = malloc(size);
+                    let byte = (i % 251) as u8 | 1;
+                    fill(p, size, byte);
+                    held.push((p as usize, size, byte));
+                    if held.len() > 4 {
+                        let (p, size, byte) = held.swap_remove(rng.below(held.len()));
+                        assert!(
+                            pages_hold(p as *mut u8, size, byte),
+                            "block {p:#x} lost its bytes"
+                        );
+                        free(p as *mut u8);
+                    }
+                }
+                for (p, size, byte) in held {
+                    assert!(
+                        pages_hold(p as *mut u8, size, byte),
+                        "block {p:#x} lost its bytes"
+                    );
+                    free(p as *mut u8);
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let passes = passes.join().unwrap();
+    tlmalloc::collect();
+    let after = tlmalloc::stats::os_stats();
+    assert!(passes > 0);
+    assert!(
+        after.purged_bytes > before.purged_bytes,
+        "the passes purged nothing ({passes} passes)"
+    );
+    assert!(
+        after.segments_in_use <= before.segments_in_use,
+        "span segments left after every block was freed: {} -> {}",
+        before.segments_in_use,
+        after.segments_in_use
+    );
+}
