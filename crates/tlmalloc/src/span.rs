@@ -558,8 +558,12 @@ pub unsafe fn resize(segment: *mut Segment, p: *mut u8, usable: usize) -> bool {
     }
 }
 
-/// Slot runs one sweep takes out to purge (more wait for the next pass).
+/// Segments whose slots one round of a sweep takes out to purge (a sweep
+/// runs rounds until one finds fewer due).
 const SWEEP_BATCH: usize = 16;
+/// Rounds a sweep runs at most (slots the OS keeps refusing come back
+/// due at once: this bounds the retries).
+const SWEEP_ROUNDS: usize = 64;
 
 /// A purge pass over the span segments (`purge.rs`): `due` names the free
 /// slots of each segment to purge now; an empty segment stamped more than
@@ -569,7 +573,8 @@ const SWEEP_BATCH: usize = 16;
 /// The lock is not held across `madvise`: the slots to purge are taken out
 /// like a block's (no longer free, so no carve, growth or neighbour's merge
 /// reaches them, and their segment is not empty), purged with the lock
-/// dropped, and given back under it as free and clean.
+/// dropped, and given back under it as free and clean, in rounds of
+/// [`SWEEP_BATCH`] segments.
 pub fn sweep(
     now_ms: u64,
     release_after_ms: u64,
@@ -577,11 +582,23 @@ pub fn sweep(
     lazy: bool,
     mut due: impl FnMut(&mut Segment) -> u64,
 ) {
+    for _ in 0..SWEEP_ROUNDS {
+        if !sweep_round((now_ms, release_after_ms, force), lazy, &mut due) {
+            return;
+        }
+    }
+}
+
+/// One round of [`sweep`]; true when it took a full batch (more may be due).
+fn sweep_round(
+    sweep_clock: (u64, u64, bool),
+    lazy: bool,
+    due: &mut impl FnMut(&mut Segment) -> u64,
+) -> bool {
     let mut release = [ptr::null_mut::<Segment>(); EMPTY_KEPT];
     let mut released = 0;
     let mut taken = [(ptr::null_mut::<Segment>(), 0u64); SWEEP_BATCH];
     let mut taken_count = 0;
-    let sweep_clock = (now_ms, release_after_ms, force);
     {
         let mut spans = SPANS.lock();
         let mut segment = spans.segments.first();
@@ -611,7 +628,7 @@ pub fn sweep(
         unsafe { arena::segment_free(segment) };
     }
     if taken_count == 0 {
-        return;
+        return false;
     }
     let mut refused = [0u64; SWEEP_BATCH];
     // No panic: `taken_count <= SWEEP_BATCH`.
@@ -652,6 +669,7 @@ pub fn sweep(
         // SAFETY: taken off the list in the loop above: empty, ours.
         unsafe { arena::segment_free(segment) };
     }
+    taken_count == SWEEP_BATCH
 }
 
 /// Take the free slots of `mask` out of `s` for a purge with the lock
