@@ -622,15 +622,23 @@ impl SegmentCacheModel {
         self.ops += 1;
         let mut purges = 0;
         if self.ops >= SEGMENT_CACHE_WINDOW_OPS as usize {
-            for (_, purged) in &mut self.segments[..self.low] {
-                if !*purged {
-                    *purged = true;
+            // The unpurged among the bottom `low` are taken out, purged and
+            // put back under the rest, in their order (so below purged
+            // ones they were above: `take_unpurged_bottom`, `put_back`).
+            let (mut idle, mut kept) = (Vec::new(), Vec::new());
+            for (i, &(base, purged)) in self.segments.iter().enumerate() {
+                if i < self.low && !purged {
+                    idle.push((base, true));
                     purges += 1;
                     os.purge_calls += 1;
                     os.purged_bytes += CACHE_PURGE_LEN;
                     os.decommitted_bytes += CACHE_PURGE_LEN;
+                } else {
+                    kept.push((base, purged));
                 }
             }
+            idle.extend(kept);
+            self.segments = idle;
             self.low = self.segments.len();
             self.ops = 0;
         }

@@ -190,14 +190,32 @@ fn madv_free_mode_purges() {
 /// the test catches a header purged with the blocks in some runs only (one
 /// in six or so here), while `arena.rs` asserts the purge range at compile
 /// time.
+///
+/// It runs in a child process of its own: here the thread of a test that
+/// just ended may exit meanwhile and cache a segment of its heap above
+/// ours, which the second thread would take instead.
 #[test]
 fn a_lazily_purged_cached_segment_keeps_its_record_of_written_pages() {
+    const CHILD_VAR: &str = "TLMALLOC_TEST_LAZY_SEGMENT_RECORD";
+    if std::env::var_os(CHILD_VAR).is_some() {
+        lazy_segment_record_child();
+        return;
+    }
+    run_alone(
+        "a_lazily_purged_cached_segment_keeps_its_record_of_written_pages",
+        CHILD_VAR,
+        &[
+            ("TLMALLOC_PURGE_DELAY_MS", "50"),
+            ("TLMALLOC_PURGE_MODE", "free"),
+        ],
+        "stale keys: 0",
+    );
+}
+
+fn lazy_segment_record_child() {
     const SEGMENT: usize = 4 * MIB;
     const BLOCKS: usize = 200;
-    let _g = serial();
-    let _o = OptRestore::save(&[Opt::PurgeDelayMs, Opt::PurgeMode]);
-    options::set(Opt::PurgeDelayMs, 50);
-    options::set(Opt::PurgeMode, options::PURGE_FREE);
+    assert_eq!(options::get(Opt::PurgeMode), options::PURGE_FREE);
     tlmalloc::collect(); // an empty segment cache: the next segment cached is the one below
     let keep = malloc(32);
     // A thread writes blocks, frees them (each takes its heap's free key)
@@ -251,6 +269,21 @@ fn a_lazily_purged_cached_segment_keeps_its_record_of_written_pages() {
     unsafe { tlmalloc::free(keep) };
     assert!(same, "the second thread should reuse the cached segment");
     assert_eq!(stale, 0, "blocks handed out holding an old heap's free key");
+    println!("stale keys: {stale}");
+}
+
+/// Re-run `test` of this binary in a child process with `child_var` and
+/// `env` set (a test whose segment-cache traffic must be its own: the
+/// thread of a test that just ended may exit meanwhile and cache its
+/// heap's segments); check that the child passed and printed `marker`.
+fn run_alone(test: &str, child_var: &str, env: &[(&str, &str)], marker: &str) {
+    let _g = serial();
+    let mut cmd = common::child_command(test, child_var, "1");
+    for &(k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("re-run the test binary");
+    common::assert_child_printed(&out, marker);
 }
 
 /// Whether any OS page holding one of `blocks` (1 KiB each) is resident,
@@ -278,12 +311,30 @@ fn any_resident(blocks: &[usize]) -> bool {
 /// (`arena.rs`: the cache's low-water mark), the segments at its bottom are
 /// purged: at most the one the short-lived threads cycle through, and one
 /// more, keep their pages resident.
+///
+/// It runs in a child process of its own: here the thread of a test that
+/// just ended may exit meanwhile, and its heap's segments, going to the
+/// cache, would push ours out of it.
 #[test]
 fn segments_the_cache_traffic_leaves_unwanted_are_purged_before_the_delay() {
+    const CHILD_VAR: &str = "TLMALLOC_TEST_SEGMENT_CACHE_WINDOW";
+    if std::env::var_os(CHILD_VAR).is_some() {
+        segment_cache_window_child();
+        return;
+    }
+    run_alone(
+        "segments_the_cache_traffic_leaves_unwanted_are_purged_before_the_delay",
+        CHILD_VAR,
+        &[
+            ("TLMALLOC_BACKGROUND_PURGE", "0"),
+            ("TLMALLOC_PURGE_DELAY_MS", "3600000"),
+        ],
+        "segments resident: ",
+    );
+}
+
+fn segment_cache_window_child() {
     const THREADS: usize = 8;
-    let _g = serial();
-    let _o = OptRestore::save(&[Opt::PurgeDelayMs]);
-    options::set(Opt::PurgeDelayMs, 3_600_000);
     tlmalloc::collect(); // an empty segment cache
     let purged = os_stats().purged_bytes;
     let barrier = std::sync::Arc::new(std::sync::Barrier::new(THREADS));
@@ -321,7 +372,7 @@ fn segments_the_cache_traffic_leaves_unwanted_are_purged_before_the_delay() {
     }
     let resident = segments.iter().filter(|b| any_resident(b)).count();
     println!(
-        "segments resident: {written} after the eight exited, {resident} after the churn; purged {:.1} MiB",
+        "segments resident: {written} after the {THREADS} exited, {resident} after the churn; purged {:.1} MiB",
         mib(os_stats().purged_bytes - purged)
     );
     assert_eq!(
