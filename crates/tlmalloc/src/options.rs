@@ -5,7 +5,7 @@
 //!
 //! | variable | default | unit | meaning |
 //! |---|---|---|---|
-//! | `TLMALLOC_PURGE_DELAY_MS` | 1000 | ms | how long a free page, empty segment or cached large block stays resident before it is purged (cached blocks are unmapped after 8× this; the segment cache also purges segments its own traffic leaves unused); 0 purges at the next check |
+//! | `TLMALLOC_PURGE_DELAY_MS` | 1000 | ms | how long a free page, empty segment or cached large block stays resident before it is purged (cached blocks are unmapped after 8× this; the segment cache and the span tier also purge what their own traffic leaves unused); 0 purges at the next check |
 //! | `TLMALLOC_PURGE_MODE` | `dontneed` | word | `dontneed` (`MADV_DONTNEED`: RSS drops at once, pages read back zero) or `free` (`MADV_FREE`: the kernel reclaims lazily) |
 //! | `TLMALLOC_LARGE_CACHE_MAX` | `512m` | bytes | the most bytes of freed large blocks kept for reuse: the shared level holds up to twice the live large footprint (at least 8 MiB, at most this), each thread a quarter of that in 8 slots (always one block) |
 //! | `TLMALLOC_MAX_RESERVED` | 0 (none) | bytes | cap on bytes mapped from the OS; a request beyond it gets null |
@@ -106,7 +106,7 @@ options! {
         unit: "ms",
         parse: parse_decimal,
         show: show_number,
-        doc: "how long a free page, empty segment or cached large block stays resident before it is purged (cached blocks are unmapped after 8x this; the segment cache also purges segments its own traffic leaves unused); 0 purges at the next check",
+        doc: "how long a free page, empty segment or cached large block stays resident before it is purged (cached blocks are unmapped after 8x this; the segment cache and the span tier also purge what their own traffic leaves unused); 0 purges at the next check",
     },
     PurgeMode {
         env: "TLMALLOC_PURGE_MODE",

@@ -150,7 +150,9 @@ pub fn dirty_pages_due(
 
 /// Purge the free pages of `segment` that have been dirty for the delay
 /// (all of them with `force`). A run the OS refused to purge stays dirty,
-/// so the next pass tries it again.
+/// so the next pass tries it again. Out of line: its two callers would
+/// each carry a copy (the stripped library's size bound).
+#[inline(never)]
 pub fn purge_dirty_pages(segment: &mut Segment, now_ms: u64, policy: PurgePolicy, force: bool) {
     let mask = dirty_pages_due(segment, now_ms, policy, force);
     if mask == 0 {

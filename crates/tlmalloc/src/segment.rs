@@ -135,18 +135,9 @@ pub struct Segment {
     pub dirty_since_ms: u64,
     /// Holder: clock (ms) when the segment entered a cache (large or arena).
     pub cached_at_ms: u64,
-    /// Holder: the memory past the header's OS pages reads as zero (fresh
-    /// from the OS, or purged with `MADV_DONTNEED`), so a large `calloc`,
-    /// whose block starts there, need not clear it.
-    pub zeroed: bool,
-    /// Holder: the memory past the header's OS pages was purged since it
-    /// was last used.
-    pub purged: bool,
-    /// Large segments, holder: allocated by a realtime-prepared thread, so
-    /// its free by a prepared thread keeps it in that thread's held cache
-    /// (`large.rs`); foreign blocks do not take those slots.
-    pub rt_kept: bool,
-    _pad3: [u8; 5],
+    /// Span segments, holder: the dirty free slots that no block has taken
+    /// since the span list's purge window began (`span.rs`).
+    pub span_idle_dirty: u64,
     /// Holder: free page slots purged since their last use (their bytes
     /// count as decommitted in the statistics until reused or unmapped).
     pub purged_mask: u64,
@@ -162,7 +153,17 @@ pub struct Segment {
     pub span_epoch: u32,
     /// Span segments, holder: the longest run of free slots.
     pub span_longest_run: u8,
-    _pad4: [u8; 3],
+    /// Holder: the memory past the header's OS pages reads as zero (fresh
+    /// from the OS, or purged with `MADV_DONTNEED`), so a large `calloc`,
+    /// whose block starts there, need not clear it.
+    pub zeroed: bool,
+    /// Holder: the memory past the header's OS pages was purged since it
+    /// was last used.
+    pub purged: bool,
+    /// Large segments, holder: allocated by a realtime-prepared thread, so
+    /// its free by a prepared thread keeps it in that thread's held cache
+    /// (`large.rs`); foreign blocks do not take those slots.
+    pub rt_kept: bool,
     /// The page table (a large segment uses slot 0 only).
     pub pages: [Page; PAGES_PER_SEGMENT],
     /// Holder: the OS pages of a standard segment that may hold written
@@ -288,13 +289,12 @@ impl Segment {
             addr_of_mut!((*segment).zeroed).write(memory_zeroed);
             addr_of_mut!((*segment).purged).write(false);
             addr_of_mut!((*segment).rt_kept).write(false);
-            addr_of_mut!((*segment)._pad3).write([0; 5]);
+            addr_of_mut!((*segment).span_idle_dirty).write(0);
             addr_of_mut!((*segment).purged_mask).write(0);
             addr_of_mut!((*segment).large_touched).write(0);
             addr_of_mut!((*segment).large_decommitted).write(0);
             addr_of_mut!((*segment).span_epoch).write(0);
             addr_of_mut!((*segment).span_longest_run).write(0);
-            addr_of_mut!((*segment)._pad4).write([0; 3]);
             if memory_zeroed {
                 addr_of_mut!((*segment).written).write(WrittenPages::none());
             }

@@ -372,3 +372,112 @@ fn purge_passes_beside_span_traffic_never_touch_a_live_block() {
         after.segments_in_use
     );
 }
+
+/// How many OS pages of `len` bytes at `p` are resident.
+fn resident_pages(p: *mut u8, len: usize) -> usize {
+    let mut v = vec![0u8; len.div_ceil(common::PAGE)];
+    // SAFETY: `p` is page-aligned inside a mapping of ours at least `len`
+    // long; `v` holds a byte per page.
+    let rc = unsafe { libc::mincore(p.cast(), len, v.as_mut_ptr()) };
+    assert_eq!(rc, 0, "mincore");
+    v.iter().filter(|&&b| b & 1 != 0).count()
+}
+
+/// Freed span slots that stay idle through a window of span traffic are
+/// purged, without waiting for the purge delay (an hour here), when a
+/// block faults fresh memory in (`span.rs`: `exchange_idle`). A 1 MiB
+/// block between two live ones is freed; blocks of 2 and 2.5 MiB, which
+/// its slots cannot hold, come and go, reusing their own memory (faulted
+/// in before): the freed block stays resident. Then new blocks take fresh slots: its
+/// memory goes back to the OS in exchange, and its slots serve a block
+/// again, reading zero.
+#[test]
+fn idle_slots_are_purged_when_a_block_takes_fresh_memory() {
+    use common::OptRestore;
+    use tlmalloc::options::{self, Opt};
+    let _serial = common::serial();
+    let _o = OptRestore::save(&[Opt::PurgeDelayMs]);
+    options::set(Opt::PurgeDelayMs, 3_600_000);
+    fresh_thread_state();
+    let (a, x, b) = (malloc(MIB), malloc(MIB), malloc(MIB));
+    for p in [a, x, b] {
+        assert_eq!(kind_of(p), SegmentKind::Span);
+        fill(p, MIB, 7);
+    }
+    let mut sizes = [2 * MIB, 5 * MIB / 2].into_iter().cycle();
+    let mut traffic = |rounds: usize| {
+        for _ in 0..rounds {
+            let p = malloc(sizes.next().unwrap());
+            touch_pages(p, usable(p));
+            free(p);
+        }
+    };
+    // The traffic's blocks fault their memory in now, while `x` is live
+    // (an exchange then finds nothing of its to purge) ...
+    traffic(4);
+    free(x); // kept by this thread: the next free gives it back
+             // ... and from here on reuse it.
+    traffic(64);
+    let pages = MIB / common::PAGE;
+    assert_eq!(
+        resident_pages(x, MIB),
+        pages,
+        "traffic that reuses its own memory purges nothing"
+    );
+    let fresh: Vec<_> = (0..4).map(|_| malloc(SPAN_SIZE_MAX)).collect();
+    for &p in &fresh {
+        touch_pages(p, SPAN_SIZE_MAX);
+    }
+    let left = resident_pages(x, MIB);
+    assert_eq!(
+        left, 0,
+        "{left} of {pages} pages of an idle freed block resident after fresh blocks"
+    );
+    // Its slots are free: a block of its size fits there again, and reads
+    // zero where it was purged.
+    let again: Vec<_> = (0..8).map(|_| malloc(MIB)).collect();
+    assert!(again.contains(&x), "the purged slots were not reused");
+    assert!(
+        pages_hold(x, MIB, 0),
+        "purged slots read back their old bytes"
+    );
+    for p in again.into_iter().chain(fresh).chain([a, b]) {
+        free(p);
+    }
+    tlmalloc::collect();
+}
+
+/// The other side of the exchange: a batch of span blocks freed and taken
+/// back, over and over, keeps its memory resident (its blocks take their
+/// own freed slots back, never fresh ones: nothing is purged, nothing
+/// refaults).
+#[test]
+fn a_batch_freed_and_taken_back_keeps_its_memory() {
+    use common::OptRestore;
+    use tlmalloc::options::{self, Opt};
+    let _serial = common::serial();
+    let _o = OptRestore::save(&[Opt::PurgeDelayMs]);
+    options::set(Opt::PurgeDelayMs, 3_600_000);
+    fresh_thread_state();
+    let sizes = [MIB, 640 * KIB, 3 * MIB / 2, MIB];
+    let mut batch: Vec<_> = sizes.iter().map(|&s| malloc(s)).collect();
+    let purged_before = tlmalloc::stats::os_stats().purged_bytes;
+    for _ in 0..50 {
+        for (&p, &s) in batch.iter().zip(&sizes) {
+            fill(p, s, 3);
+        }
+        for p in batch.drain(..) {
+            free(p);
+        }
+        batch.extend(sizes.iter().map(|&s| malloc(s)));
+    }
+    let purged = tlmalloc::stats::os_stats().purged_bytes - purged_before;
+    assert_eq!(
+        purged, 0,
+        "a batch taken back at once had {purged} bytes purged"
+    );
+    for p in batch {
+        free(p);
+    }
+    tlmalloc::collect();
+}
