@@ -25,11 +25,11 @@
 //! slot that was dirty when the last window of [`DIRTY_WINDOW_OPS`] carves
 //! and frees closed, and that no block took since, is idle
 //! (`span_idle_dirty`); a block that takes slots with no resident memory
-//! (fresh, or purged) has as many idle slots purged ([`exchange_idle`]). Random sizes leave holes few later blocks fit;
-//! without the exchange, each hole stayed resident beside the fresh slots
-//! the next blocks fault in, for as long as the program ran (a burst
-//! shorter than the delay never purged them: `thread-recreate`'s peak was
-//! 11 % higher). Resident memory grows only when no idle memory is left,
+//! (fresh, or purged) has as many idle slots purged ([`exchange_idle`]).
+//! Random sizes leave holes few later blocks fit; without the exchange,
+//! each hole stayed resident beside the fresh slots the next blocks fault
+//! in, for as long as the program ran (a burst shorter than the delay never
+//! purged them: `thread-recreate`'s peak was 11 % higher). Resident memory grows only when no idle memory is left,
 //! and a batch freed and taken back keeps all of its own. (Purging every
 //! idle slot when the window closes instead saved about as much, for three
 //! times the page faults: the holes are filled again later.)
@@ -548,10 +548,9 @@ unsafe fn give_back_block(mut spans: SpinGuard<'_, Spans>, segment: *mut Segment
 
 /// A block just took `want` slots with no resident memory: purge as many
 /// idle slots (dirty when the last window closed, and not taken since:
-/// `span_idle_dirty`),
-/// highest first, from the first segments on the list that have some,
-/// with the lock dropped (the list's first [`SWEEP_BATCH`] such segments
-/// at most). Cold: the purge costs a system call, the fresh slots' faults
+/// `span_idle_dirty`), highest first, from the first segments on the list
+/// that have some ([`SWEEP_BATCH`] segments at most), with the lock
+/// dropped. Cold: the purge costs a system call, the fresh slots' faults
 /// cost far more.
 #[cold]
 #[inline(never)]

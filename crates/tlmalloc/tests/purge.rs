@@ -196,14 +196,9 @@ fn madv_free_mode_purges() {
 /// ours, which the second thread would take instead.
 #[test]
 fn a_lazily_purged_cached_segment_keeps_its_record_of_written_pages() {
-    const CHILD_VAR: &str = "TLMALLOC_TEST_LAZY_SEGMENT_RECORD";
-    if std::env::var_os(CHILD_VAR).is_some() {
-        lazy_segment_record_child();
-        return;
-    }
     run_alone(
         "a_lazily_purged_cached_segment_keeps_its_record_of_written_pages",
-        CHILD_VAR,
+        lazy_segment_record_child,
         &[
             ("TLMALLOC_PURGE_DELAY_MS", "50"),
             ("TLMALLOC_PURGE_MODE", "free"),
@@ -272,13 +267,19 @@ fn lazy_segment_record_child() {
     println!("stale keys: {stale}");
 }
 
-/// Re-run `test` of this binary in a child process with `child_var` and
-/// `env` set (a test whose segment-cache traffic must be its own: the
-/// thread of a test that just ended may exit meanwhile and cache its
-/// heap's segments); check that the child passed and printed `marker`.
-fn run_alone(test: &str, child_var: &str, env: &[(&str, &str)], marker: &str) {
+/// Run `child` alone in a child process: a test whose segment-cache
+/// traffic must be its own (the thread of a test that just ended may exit
+/// meanwhile and cache its heap's segments). In the parent, re-run `test`
+/// of this binary with `env` set and check that it passed and printed
+/// `marker`; in that child, run `child`.
+fn run_alone(test: &str, child: fn(), env: &[(&str, &str)], marker: &str) {
+    const CHILD_VAR: &str = "TLMALLOC_TEST_RUN_ALONE";
+    if std::env::var_os(CHILD_VAR).is_some() {
+        child();
+        return;
+    }
     let _g = serial();
-    let mut cmd = common::child_command(test, child_var, "1");
+    let mut cmd = common::child_command(test, CHILD_VAR, "1");
     for &(k, v) in env {
         cmd.env(k, v);
     }
@@ -317,14 +318,9 @@ fn any_resident(blocks: &[usize]) -> bool {
 /// cache, would push ours out of it.
 #[test]
 fn segments_the_cache_traffic_leaves_unwanted_are_purged_before_the_delay() {
-    const CHILD_VAR: &str = "TLMALLOC_TEST_SEGMENT_CACHE_WINDOW";
-    if std::env::var_os(CHILD_VAR).is_some() {
-        segment_cache_window_child();
-        return;
-    }
     run_alone(
         "segments_the_cache_traffic_leaves_unwanted_are_purged_before_the_delay",
-        CHILD_VAR,
+        segment_cache_window_child,
         &[
             ("TLMALLOC_BACKGROUND_PURGE", "0"),
             ("TLMALLOC_PURGE_DELAY_MS", "3600000"),

@@ -383,21 +383,27 @@ fn resident_pages(p: *mut u8, len: usize) -> usize {
     v.iter().filter(|&&b| b & 1 != 0).count()
 }
 
+/// Set the purge delay to an hour (restored when the guard drops), so
+/// that only the span tier's own purges run during a test.
+fn purge_delay_an_hour() -> common::OptRestore {
+    use tlmalloc::options::{self, Opt};
+    let restore = common::OptRestore::save(&[Opt::PurgeDelayMs]);
+    options::set(Opt::PurgeDelayMs, 3_600_000);
+    restore
+}
+
 /// Freed span slots that stay idle through a window of span traffic are
 /// purged, without waiting for the purge delay (an hour here), when a
 /// block faults fresh memory in (`span.rs`: `exchange_idle`). A 1 MiB
 /// block between two live ones is freed; blocks of 2 and 2.5 MiB, which
 /// its slots cannot hold, come and go, reusing their own memory (faulted
-/// in before): the freed block stays resident. Then new blocks take fresh slots: its
-/// memory goes back to the OS in exchange, and its slots serve a block
-/// again, reading zero.
+/// in before): the freed block stays resident. Then new blocks take fresh
+/// slots: its memory goes back to the OS in exchange, and its slots serve
+/// a block again, reading zero.
 #[test]
 fn idle_slots_are_purged_when_a_block_takes_fresh_memory() {
-    use common::OptRestore;
-    use tlmalloc::options::{self, Opt};
     let _serial = common::serial();
-    let _o = OptRestore::save(&[Opt::PurgeDelayMs]);
-    options::set(Opt::PurgeDelayMs, 3_600_000);
+    let _delay = purge_delay_an_hour();
     fresh_thread_state();
     let (a, x, b) = (malloc(MIB), malloc(MIB), malloc(MIB));
     for p in [a, x, b] {
@@ -453,11 +459,8 @@ fn idle_slots_are_purged_when_a_block_takes_fresh_memory() {
 /// refaults).
 #[test]
 fn a_batch_freed_and_taken_back_keeps_its_memory() {
-    use common::OptRestore;
-    use tlmalloc::options::{self, Opt};
     let _serial = common::serial();
-    let _o = OptRestore::save(&[Opt::PurgeDelayMs]);
-    options::set(Opt::PurgeDelayMs, 3_600_000);
+    let _delay = purge_delay_an_hour();
     fresh_thread_state();
     let sizes = [MIB, 640 * KIB, 3 * MIB / 2, MIB];
     let mut batch: Vec<_> = sizes.iter().map(|&s| malloc(s)).collect();
