@@ -24,7 +24,7 @@ use crate::purge::{self, PurgePolicy};
 use crate::purger;
 use crate::report;
 use crate::segment::{Segment, SegmentKind};
-use crate::size_class::{class_of, class_size, direct_class, FIRST_MEDIUM_CLASS};
+use crate::size_class::{class_of, class_size, direct_class, medium_class_of, FIRST_MEDIUM_CLASS};
 use crate::span;
 
 /// Allocate `size` bytes, 16-byte aligned.
@@ -70,11 +70,12 @@ pub fn malloc(size: usize) -> *mut u8 {
     malloc_generic(heap, size)
 }
 
-/// Allocation above the direct range: class computation, then as `malloc`.
+/// Allocation above the direct range (`malloc` is the only caller, so
+/// `size > DIRECT_SIZE_MAX`): class lookup, then as `malloc`.
 #[inline(never)]
 fn malloc_generic(heap: *mut ThreadHeap, size: usize) -> *mut u8 {
     if size <= MEDIUM_SIZE_MAX {
-        alloc_recent(heap, class_of(size))
+        alloc_recent(heap, medium_class_of(size))
     } else {
         large_alloc(size, 16, false)
     }
