@@ -101,18 +101,6 @@ impl SegmentKind {
 /// abandoned list's lock, or the cache that keeps the segment).
 #[repr(C, align(64))]
 pub struct Segment {
-    /// Shared: the owning heap's address, or 0.
-    pub owner: AtomicUsize,
-    /// Constant: log2 of the page size (`LARGE_PAGE_SHIFT` for a large segment).
-    pub page_shift: u32,
-    /// Constant: what the segment is carved into.
-    pub kind: SegmentKind,
-    /// Holder: the list the segment is linked in (see `heap::SegmentList`).
-    pub list: u8,
-    /// The segment is on the abandoned list (written and read under that
-    /// list's lock: a freeing thread that finds `owner == 0` asks it).
-    pub abandoned: AtomicBool,
-    _pad: u8,
     /// Holder: bit i set when page slot i is unused.
     pub free_mask: u64,
     /// Holder: page slots in use.
@@ -133,6 +121,18 @@ pub struct Segment {
     pub dirty_mask: u64,
     /// Holder: heap clock (ms) when `dirty_mask` last went from 0 to non-0.
     pub dirty_since_ms: u64,
+    /// Shared: the owning heap's address, or 0.
+    pub owner: AtomicUsize,
+    /// Constant: log2 of the page size (`LARGE_PAGE_SHIFT` for a large segment).
+    pub page_shift: u32,
+    /// Constant: what the segment is carved into.
+    pub kind: SegmentKind,
+    /// Holder: the list the segment is linked in (see `heap::SegmentList`).
+    pub list: u8,
+    /// The segment is on the abandoned list (written and read under that
+    /// list's lock: a freeing thread that finds `owner == 0` asks it).
+    pub abandoned: AtomicBool,
+    _pad: u8,
     /// Holder: clock (ms) when the segment entered a cache (large or arena).
     pub cached_at_ms: u64,
     /// Span segments, holder: the dirty free slots that no block has taken
