@@ -40,7 +40,7 @@ pub fn thread_exit(value: *mut c_void) {
             return;
         }
         // From here on this thread's allocations go to the process heap.
-        set_thread_heap(&DEAD_HEAP);
+        set_thread_heap(DEAD_HEAP.get());
         // Busy until the heap is pooled (a pooled heap is rewritten whole).
         (*heap).begin_change();
         // The frees this thread made into other heaps' pages reach them

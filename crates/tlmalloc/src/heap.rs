@@ -23,7 +23,7 @@ use crate::config::{DIRECT_SIZE_MAX, DIRECT_SLOTS};
 use crate::counters::{self, HeapCounters, RETIRED};
 use crate::large_cache::LocalLargeCache;
 use crate::list::{Linked, Links, List};
-use crate::lock::SpinLock;
+use crate::lock::{SpinGuard, SpinLock};
 use crate::os;
 use crate::page::Page;
 use crate::purge::{self, PurgeClock, PurgePolicy};
@@ -516,11 +516,81 @@ const _: () = assert!(core::mem::offset_of!(HeapState, direct) == 0);
 /// Where every thread's TLS slot points before its first allocation. Never
 /// written (its `kind` sends every slow path elsewhere).
 pub static EMPTY_HEAP: ThreadHeap = ThreadHeap::new(HeapKind::Empty);
-/// Where a thread's TLS slot points after its exit destructor ran (never written).
-pub static DEAD_HEAP: ThreadHeap = ThreadHeap::new(HeapKind::Dead);
-/// The heap of threads that allocate after their exit destructor ran.
+/// Where a thread's TLS slot points after its exit destructor ran: written
+/// once, by the process set-up ([`init_dead_heap`]), before any thread can
+/// exit; never after.
+pub static DEAD_HEAP: StaticHeap = StaticHeap(UnsafeCell::new(zeroed_heap()));
+/// The heap of threads that allocate after their exit destructor ran:
+/// zero until its first lock makes it a process heap ([`ProcessHeap`]).
 /// Lock order: see `fork.rs`.
-pub static PROCESS_HEAP: SpinLock<ThreadHeap> = SpinLock::new(ThreadHeap::new(HeapKind::Process));
+pub static PROCESS_HEAP: ProcessHeap = ProcessHeap(SpinLock::new(zeroed_heap()));
+
+/// All zero bytes, a valid `ThreadHeap` (null pointers, empty lists, zero
+/// counters, kind `Empty`) that no fast path may use: its page pointers are
+/// null. The two heaps above start so, in `.bss`: a heap's 225 page
+/// pointers written at compile time are 225 relocations of 24 bytes each in
+/// the shipped library, 9 KiB a heap with its bytes in `.data`.
+const fn zeroed_heap() -> ThreadHeap {
+    // SAFETY: every field of `ThreadHeap` is an integer, a bool, a raw or
+    // atomic pointer, a list of raw pointers or `HeapKind` (zero is
+    // `Empty`), for which all-zero bytes are a valid value (and the
+    // compiler checks the value of each static it builds).
+    unsafe { core::mem::zeroed() }
+}
+const _: () = assert!(HeapKind::Empty as u8 == 0);
+
+/// A static heap written once at process set-up ([`DEAD_HEAP`]).
+pub struct StaticHeap(UnsafeCell<ThreadHeap>);
+
+// SAFETY: the one write (`init_dead_heap`) happens before any thread can
+// reach the heap (`[tls-heap]` points at it only after a thread's exit,
+// which the set-up that wrote it precedes); after it the heap is only read.
+unsafe impl Sync for StaticHeap {}
+
+impl StaticHeap {
+    /// The heap's address, for a thread's slot.
+    #[inline]
+    pub fn get(&self) -> *const ThreadHeap {
+        self.0.get()
+    }
+}
+
+/// Make [`DEAD_HEAP`] a dead heap (a copy of [`EMPTY_HEAP`] of kind `Dead`).
+///
+/// # Safety
+/// Only from the process set-up, before any thread exit hook can run, or
+/// again in a fork child (one thread) that repeats the set-up.
+pub unsafe fn init_dead_heap() {
+    // SAFETY: caller contract: no thread reads the heap meanwhile; its
+    // memory is a valid heap (zero, or a dead heap already).
+    unsafe { ThreadHeap::init(DEAD_HEAP.0.get(), HeapKind::Dead) }
+}
+
+/// The process heap's lock, which makes the zeroed heap a process heap the
+/// first time it is taken (`kind` `Empty` only until then).
+pub struct ProcessHeap(SpinLock<ThreadHeap>);
+
+impl ProcessHeap {
+    /// Wait for the lock and take it.
+    pub fn lock(&self) -> SpinGuard<'_, ThreadHeap> {
+        let guard = self.0.lock();
+        self.ready(guard)
+    }
+
+    /// Take the lock if it is free now, without waiting.
+    pub fn try_lock(&self) -> Option<SpinGuard<'_, ThreadHeap>> {
+        self.0.try_lock().map(|guard| self.ready(guard))
+    }
+
+    fn ready<'a>(&self, guard: SpinGuard<'a, ThreadHeap>) -> SpinGuard<'a, ThreadHeap> {
+        if guard.kind() == HeapKind::Empty {
+            // SAFETY: the lock is held, so no thread uses the heap; its
+            // memory is the zeroed heap, a valid value.
+            unsafe { ThreadHeap::init(self.0.data_ptr(), HeapKind::Process) };
+        }
+        guard
+    }
+}
 
 os::define_thread_slot!(EMPTY_HEAP);
 
@@ -531,11 +601,11 @@ os::define_thread_slot!(EMPTY_HEAP);
 /// # Safety
 /// Only from the fork child handler (one thread in the process).
 pub unsafe fn process_heap_after_fork_child() {
-    if PROCESS_HEAP.is_locked() {
+    if PROCESS_HEAP.0.is_locked() {
         // SAFETY: caller contract: no thread uses the heap or its lock.
         unsafe {
-            ThreadHeap::init(PROCESS_HEAP.data_ptr(), HeapKind::Process);
-            PROCESS_HEAP.force_unlock();
+            ThreadHeap::init(PROCESS_HEAP.0.data_ptr(), HeapKind::Process);
+            PROCESS_HEAP.0.force_unlock();
         }
     }
 }

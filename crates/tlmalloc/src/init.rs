@@ -7,7 +7,7 @@ use core::ffi::c_void;
 use crate::exit_report;
 use crate::fork;
 use crate::handover;
-use crate::heap::{set_thread_heap, thread_heap, HeapKind, ThreadHeap};
+use crate::heap::{self, set_thread_heap, thread_heap, HeapKind, ThreadHeap};
 use crate::heap_pool;
 use crate::lock::backoff;
 use crate::options;
@@ -78,6 +78,9 @@ pub fn ensure_process_init() {
             // must leave errno as it found it.
             let saved_errno = os::errno();
             options::init_process();
+            // SAFETY: the process set-up, before the exit hook below is
+            // registered (or a fork child repeating it, alone).
+            unsafe { heap::init_dead_heap() };
             exit_report::prepare();
             os::register_thread_exit(handover::thread_exit);
             os::register_fork_child(fork_child);
