@@ -10,7 +10,7 @@ use core::ptr;
 use crate::alloc::{self, large_alloc, pooled_size};
 use crate::collect::{collect as collect_all, collect_thread};
 use crate::config::{MEDIUM_SIZE_MAX, OS_PAGE_SIZE, SEGMENT_SIZE};
-use crate::free::{free_trusted, large_free};
+use crate::free::{free_trusted, free_trusted_c, large_free};
 pub use crate::heap::HeapKind;
 use crate::heap::{self, thread_heap};
 use crate::large;
@@ -191,7 +191,7 @@ pub unsafe fn free(p: *mut u8) {
         // caller promises it is a live block of ours.
         unsafe {
             track::freed(p);
-            free_trusted(p)
+            free_trusted_c(p)
         }
     } else {
         // SAFETY: forwarded caller contract.

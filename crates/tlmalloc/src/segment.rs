@@ -235,11 +235,23 @@ impl Segment {
     /// `segment` is a live segment header and `p` lies inside its mapping.
     #[inline(always)]
     pub unsafe fn page_of(segment: *mut Segment, p: *const u8) -> *mut Page {
-        // SAFETY: `segment` is a live header (caller contract); `[segment-header]`:
-        // the constant `page_shift` maps every offset of the mapping to a slot
-        // of the table.
+        // SAFETY: `segment` is a live header (caller contract), whose
+        // `page_shift` is read here.
+        unsafe { Segment::page_of_shift(segment, p, (*segment).page_shift) }
+    }
+
+    /// As [`Segment::page_of`], for a segment whose `page_shift` the caller
+    /// has compared with the constant `shift`: the page's address then
+    /// waits on `p` alone, not on a header load.
+    ///
+    /// # Safety
+    /// As [`Segment::page_of`], and `shift == (*segment).page_shift`.
+    #[inline(always)]
+    pub unsafe fn page_of_shift(segment: *mut Segment, p: *const u8, shift: u32) -> *mut Page {
+        // SAFETY: caller contract; `[segment-header]`: the constant
+        // `page_shift` maps every offset of the mapping to a slot of the table.
         unsafe {
-            let index = (p as usize - segment as usize) >> (*segment).page_shift;
+            let index = (p as usize - segment as usize) >> shift;
             ptr::addr_of_mut!((*segment).pages)
                 .cast::<Page>()
                 .add(index)
