@@ -25,8 +25,10 @@ use crate::sync::Ordering;
 /// Fast path when the calling thread owns the block, budget 20 instructions
 /// (x86-64, inlined into a Rust caller): segment mask (2), TLS load (2),
 /// owner load, compare, branch (3), page index (5), double-free key compare,
-/// branch and store (3), push onto `local_free` (3), count and empty test (2). No atomic, no lock. The C `free` adds the
-/// segment-map check (`api.rs`) and takes [`free_trusted_c`]'s shape. `scripts/callgrind-pair.sh` counts the pair.
+/// branch and store (3), push onto `local_free` (3), count and empty test
+/// (2). No atomic, no lock. The C `free` adds the segment-map check
+/// (`api.rs`) and takes [`free_trusted_c`]'s shape.
+/// `scripts/callgrind-pair.sh` counts the pair.
 ///
 /// # Safety
 /// `p` was returned by this allocator, is not yet freed, and does not start a
@@ -66,8 +68,8 @@ unsafe fn free_owned_or_slow(p: *mut u8, local: impl FnOnce(&ThreadHeap, *mut Se
 /// small pages' and used as a constant, so that the page's address waits on
 /// `p` alone instead of on the load of `page_shift`. An owner's free stores
 /// to that page's list and the class's next malloc loads from it, so the
-/// address is on the latency chain of every malloc/free pair: 64 B and
-/// 1 KiB pairs 5.95 -> 5.45 ns through `LD_PRELOAD`
+/// address is on the latency chain of every malloc/free pair: 64 B pairs
+/// 6.13 -> 5.57 ns and 1 KiB 6.43 -> 5.55 through `LD_PRELOAD`
 /// (`scripts/pair-time.sh`), instruction counts unchanged. Not for the
 /// Rust front door, which inlines `free_trusted` into its callers: this
 /// shape made the Rust loop slower there (5.43 -> 6.2 ns).
