@@ -173,13 +173,19 @@ impl LocalLargeCache {
 
     /// Take the cached block with the largest capacity (to be grown), or null.
     pub fn take_largest(&mut self) -> *mut Segment {
+        self.take_largest_except(ptr::null_mut())
+    }
+
+    /// Take the cached block with the largest capacity other than `keep`
+    /// (the first slot of equals), or null.
+    pub fn take_largest_except(&mut self, keep: *mut Segment) -> *mut Segment {
         let mut best = usize::MAX;
         let mut best_capacity = 0;
         let mut mask = self.occupied;
         while mask != 0 {
             let i = mask.trailing_zeros() as usize;
             mask &= mask - 1;
-            if self.capacity[i] > best_capacity {
+            if self.capacity[i] > best_capacity && self.slots[i] != keep {
                 best = i;
                 best_capacity = self.capacity[i];
             }
@@ -392,6 +398,75 @@ impl SharedLargeCache {
             bin = self.next_occupied(bin + 1);
         }
         ptr::null_mut()
+    }
+
+    /// Take out every block of the highest class that holds one other than
+    /// `keep` and hand each to `release`, in address order (so what the
+    /// release does next, e.g. the segment cache's order, does not depend
+    /// on which slot a block sat in). Returns the bytes taken out; 0 when
+    /// no class holds a block besides `keep`. The classes are found by the
+    /// occupancy hint, as a take finds them: a stale clear bit leaves a
+    /// block cached (less is released), never loses one.
+    pub fn evict_top_class(
+        &self,
+        keep: *mut Segment,
+        mut release: impl FnMut(*mut Segment),
+    ) -> usize {
+        let mut word = BIN_WORDS;
+        let mut bits = 0u64;
+        loop {
+            while bits == 0 {
+                if word == 0 {
+                    return 0;
+                }
+                word -= 1;
+                bits = self.occupied[word].load(Ordering::Relaxed);
+            }
+            let top = 63 - bits.leading_zeros() as usize;
+            bits &= !(1u64 << top);
+            let bin = word * 64 + top;
+            let mut taken = [ptr::null_mut(); SHARED_SLOTS];
+            let mut count = 0;
+            // No panic: a set bit is that of a bin (`put_slot`), `bin < BINS`.
+            for slot in &self.slots[bin] {
+                let seen = slot.load(Ordering::Relaxed);
+                if seen.is_null() || seen == keep {
+                    continue;
+                }
+                // Acquire: pairs with the Release of the put.
+                let segment = slot.swap(ptr::null_mut(), Ordering::Acquire);
+                if segment.is_null() {
+                    continue; // taken meanwhile
+                }
+                if segment == keep && self.put_slot(bin, segment) {
+                    continue; // `keep` came in meanwhile: it stays
+                }
+                // No panic: at most one per slot of the class.
+                taken[count] = segment;
+                count += 1;
+            }
+            if count == 0 {
+                continue;
+            }
+            let taken = &mut taken[..count];
+            // Insertion sort: at most `SHARED_SLOTS` entries (core's sort
+            // would add kilobytes of code to the library for them).
+            for i in 1..taken.len() {
+                let mut j = i;
+                while j > 0 && taken[j - 1] > taken[j] {
+                    taken.swap(j - 1, j);
+                    j -= 1;
+                }
+            }
+            let mut bytes = 0;
+            for &segment in taken.iter() {
+                // SAFETY: the swap made the segment ours (`[cache-ownership]`).
+                bytes += unsafe { segment_bytes(segment) };
+                release(segment);
+            }
+            self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+            return bytes;
+        }
     }
 
     /// Visit every cached segment: `keep(segment)` may change it (purge

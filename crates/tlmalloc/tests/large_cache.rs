@@ -664,6 +664,84 @@ impl Model {
             .sum()
     }
 
+    /// Release block `p` (out of the cache, or refused by it): a standard
+    /// segment goes to the segment cache, any other mapping to the OS.
+    /// Returns where it went.
+    fn release(&mut self, p: usize, os: &mut OsStats, paths: &mut Paths) -> &'static str {
+        let block = self.blocks.remove(&p).unwrap();
+        os.segments_in_use -= 1;
+        os.decommitted_bytes -= block.decommitted;
+        if block.map == SEGMENT_SIZE {
+            paths.segment_cache_purged += self.segments.push(p - BLOCK_OFFSET, os);
+            paths.released_to_segment_cache += 1;
+            "the segment cache"
+        } else {
+            os.unmap_calls += 1;
+            os.reserved_bytes -= block.map;
+            "the OS"
+        }
+    }
+
+    /// After a free (`large::trim_to_live`): besides the block it cached
+    /// (`newest`), the cache keeps at most the bound of the live bytes left;
+    /// the rest is released, the local level's largest first (the first
+    /// slot of equals), then the shared level's highest class that holds
+    /// another block, all of that class at once, in address order. Returns
+    /// how many blocks went.
+    fn trim_to_live(
+        &mut self,
+        newest: Option<usize>,
+        os: &mut OsStats,
+        lc: &mut LargeCacheStats,
+        paths: &mut Paths,
+    ) -> usize {
+        let limit = model_bound(self.live_usable()) + newest.map_or(0, |q| self.blocks[&q].map);
+        let mut cached = self.bytes_at(At::Local) + self.bytes_at(At::Shared);
+        let mut released = 0;
+        if cached > limit {
+            paths.trims += 1;
+        }
+        while cached > limit {
+            let Some((i, q)) = (0..LOCAL_SLOTS)
+                .filter_map(|i| self.local[i].map(|q| (i, q)))
+                .filter(|&(_, q)| Some(q) != newest)
+                .max_by_key(|&(i, q)| (self.blocks[&q].capacity(), std::cmp::Reverse(i)))
+            else {
+                break;
+            };
+            self.local[i] = None;
+            let map = self.blocks[&q].map;
+            cached -= map;
+            lc.local_bytes -= map;
+            self.release(q, os, paths);
+            released += 1;
+        }
+        while cached > limit {
+            let Some(k) = (0..self.shared.len())
+                .rev()
+                .find(|&k| self.shared[k].iter().any(|&q| Some(q) != newest))
+            else {
+                break;
+            };
+            let mut out: Vec<usize> = self.shared[k]
+                .iter()
+                .copied()
+                .filter(|&q| Some(q) != newest)
+                .collect();
+            self.shared[k].retain(|&q| Some(q) == newest);
+            out.sort_unstable();
+            for q in out {
+                let map = self.blocks[&q].map;
+                cached -= map;
+                lc.shared_bytes -= map;
+                self.release(q, os, paths);
+                released += 1;
+            }
+        }
+        paths.trimmed_blocks += released;
+        released
+    }
+
     /// Bytes mapped for the blocks and the cached segments.
     fn reserved(&self) -> usize {
         self.blocks.values().map(|b| b.map).sum::<usize>()
@@ -709,6 +787,9 @@ struct Paths {
     released_to_segment_cache: usize,
     /// Cached segments purged by the cache's window (its low-water mark).
     segment_cache_purged: usize,
+    /// Frees after which the cache released blocks for the footprint falling.
+    trims: usize,
+    trimmed_blocks: usize,
     bound_floor: usize,
     bound_adaptive: usize,
     bound_cap: usize,
@@ -751,22 +832,24 @@ fn accounting_matches_model() {
         accounting_model_child();
         return;
     }
+    run_without_purger("accounting_matches_model", MODEL_CHILD_VAR, "model: ");
+}
+
+/// Run test `name` again in a child process with `var` set and the
+/// background purger off; it must succeed and print lines with `prefix`,
+/// which are shown here. (The first line follows libtest's "test ... " on
+/// the same line.)
+fn run_without_purger(name: &str, var: &str, prefix: &str) {
     let _guard = common::serial();
-    let out = common::child_command("accounting_matches_model", MODEL_CHILD_VAR, "1")
+    let out = common::child_command(name, var, "1")
         .env("TLMALLOC_BACKGROUND_PURGE", "0")
         .output()
         .expect("re-run the test binary");
+    common::assert_child_printed(&out, prefix);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.contains("model: "),
-        "the model's child process failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
-    // (The first line follows libtest's "test ... " on the same line.)
     for line in stdout
         .lines()
-        .filter_map(|l| l.find("model: ").map(|i| &l[i..]))
+        .filter_map(|l| l.find(prefix).map(|i| &l[i..]))
     {
         println!("{line}");
     }
@@ -919,25 +1002,17 @@ fn accounting_model_child() {
                 } else {
                     paths.released_bytes += 1;
                 }
-                os.segments_in_use -= 1;
-                os.decommitted_bytes -= block.decommitted;
-                model.blocks.remove(&p);
-                if bytes == SEGMENT_SIZE {
-                    paths.segment_cache_purged += model.segments.push(p - BLOCK_OFFSET, &mut os);
-                    paths.released_to_segment_cache += 1;
-                    "the segment cache"
-                } else {
-                    os.unmap_calls += 1;
-                    os.reserved_bytes -= bytes;
-                    "the OS"
-                }
+                model.release(p, &mut os, &mut paths)
             };
+            let newest = model.blocks.contains_key(&p).then_some(p);
+            let trimmed = model.trim_to_live(newest, &mut os, &mut lc, &mut paths);
             assert_eq!(
                 (a.os, a.lc),
                 (os, lc),
                 "step {step}: the free of a block of {u} bytes ({bytes} mapped) should go to \
-                 {went} (own live {own_live}, bound {bound}; before: local {local_bytes} in \
-                 {local_count} slots, shared {shared_bytes}, {in_class} of class {class})"
+                 {went}, then {trimmed} cached blocks be released (own live {own_live}, \
+                 bound {bound}; before: local {local_bytes} in {local_count} slots, shared \
+                 {shared_bytes}, {in_class} of class {class})"
             );
             last_freed = Some(u);
         } else {
@@ -1198,6 +1273,8 @@ fn accounting_model_child() {
             p.released_to_segment_cache,
             1,
         ),
+        ("cache trimmed to the live footprint", p.trims, 5),
+        ("blocks released by those trims", p.trimmed_blocks, 10),
         ("bound at its floor", p.bound_floor, 20),
         ("bound between floor and cap", p.bound_adaptive, 20),
         ("bound at its cap", p.bound_cap, 20),
@@ -1312,6 +1389,9 @@ fn thread_with_only_large_allocations_uses_local_cache_and_purges() {
     options::set(Opt::PurgeDelayMs, 50);
     let (purged, elapsed) = thread::spawn(|| {
         let before = os_stats();
+        // A live block keeps the cache's bound above what it holds, so no
+        // free releases the cached blocks for the footprint falling.
+        let anchor = malloc(8 * MIB);
         // Both cached: the requests below take the smaller block (the
         // best fit), and the 8 MiB one waits for its purge.
         let small = malloc(SPAN_SIZE_MAX + 1);
@@ -1322,10 +1402,12 @@ fn thread_with_only_large_allocations_uses_local_cache_and_purges() {
         while start.elapsed() < Duration::from_secs(2) {
             free(malloc(SPAN_SIZE_MAX + 1));
             if os_stats().purged_bytes - before.purged_bytes >= 8 * MIB {
+                free(anchor);
                 return (true, start.elapsed());
             }
             thread::sleep(Duration::from_millis(1));
         }
+        free(anchor);
         (false, start.elapsed())
     })
     .join()
@@ -1340,6 +1422,105 @@ fn thread_with_only_large_allocations_uses_local_cache_and_purges() {
         purged,
         "a thread making only large alloc/free calls never purges (2 s, delay 50 ms)"
     );
+}
+
+// ---------------------------------------------------------------------------
+// (g2) the cache shrinks with the live footprint
+// ---------------------------------------------------------------------------
+
+/// Set in the child process of `cache_shrinks_with_the_live_footprint`.
+const SHRINK_CHILD_VAR: &str = "TLMALLOC_TEST_CACHE_SHRINK";
+
+/// A program that frees its large buffers one by one and then only idles
+/// gets them back at the frees (`large::trim_to_live`): the cache keeps at
+/// most the bound's floor besides the last block freed, not the two thirds
+/// of the footprint the bound at each free allowed (226 MiB of 290 before),
+/// with the purge delay at an hour. A loop that frees and takes back one
+/// big block still finds it cached (no size cliff). Run in a child process:
+/// a purger started by another test would refresh the process-wide live
+/// estimate the bound also reads, at moments the test does not see.
+#[test]
+fn cache_shrinks_with_the_live_footprint() {
+    if std::env::var_os(SHRINK_CHILD_VAR).is_some() {
+        cache_shrink_child();
+        return;
+    }
+    run_without_purger(
+        "cache_shrinks_with_the_live_footprint",
+        SHRINK_CHILD_VAR,
+        "shrink: ",
+    );
+}
+
+fn cache_shrink_child() {
+    let _s = serial();
+    let _o = OptRestore::save(&[Opt::PurgeDelayMs]);
+    options::set(Opt::PurgeDelayMs, 1 << 40);
+    let start = snap();
+    let rss_start = common::rss();
+
+    // One block in a loop stays cached, alone beyond the floor.
+    let loop_size = 32 * MIB;
+    for _ in 0..20 {
+        let p = malloc(loop_size);
+        touch_pages(p, loop_size);
+        free(p);
+    }
+    let looped = snap();
+    assert_eq!(
+        looped.os.map_calls - start.os.map_calls,
+        1,
+        "a 32 MiB alloc/free loop maps once"
+    );
+    assert!(looped.lc.local_bytes + looped.lc.shared_bytes >= loop_size);
+
+    // 20 buffers of 5-24 MB, written, freed one by one.
+    let sizes: Vec<usize> = (0..20).map(|i| 5_000_000 + i * 1_000_000).collect();
+    let blocks: Vec<*mut u8> = sizes
+        .iter()
+        .map(|&n| {
+            let p = malloc(n);
+            touch_pages(p, n);
+            p
+        })
+        .collect();
+    let rss_live = common::rss();
+    let mut most_cached = 0;
+    for &p in &blocks {
+        free(p);
+        let s = large_cache_stats();
+        most_cached = most_cached.max(s.local_bytes + s.shared_bytes);
+    }
+    let end = large_cache_stats();
+    let cached = end.local_bytes + end.shared_bytes;
+    let rss_end = common::rss();
+    let largest = *sizes.iter().max().unwrap();
+    println!(
+        "shrink: live {:.1} MiB; the most cached during the frees {:.1} MiB, after them \
+         {:.1} MiB; RSS at start {:.1}, with the buffers live {:.1}, after {:.1} MiB",
+        mib(sizes.iter().sum()),
+        mib(most_cached),
+        mib(cached),
+        mib(rss_start),
+        mib(rss_live),
+        mib(rss_end)
+    );
+    // The floor (8 MiB) and the last block freed, with its header page.
+    assert!(
+        cached <= MODEL_FLOOR + largest + MIB,
+        "after the last free the cache holds {:.1} MiB (floor {:.1} MiB, largest block \
+         {:.1} MiB)",
+        mib(cached),
+        mib(MODEL_FLOOR),
+        mib(largest)
+    );
+    assert!(
+        rss_end <= rss_start + MODEL_FLOOR + largest + 4 * MIB,
+        "RSS after the frees {:.1} MiB, at the start {:.1} MiB",
+        mib(rss_end),
+        mib(rss_start)
+    );
+    println!("shrink: ok");
 }
 
 // ---------------------------------------------------------------------------

@@ -20,8 +20,9 @@
 //!    segment (what `handover::publish_chain` runs when the owner exited)
 //!    races a single free and the adoption under the same rules.
 //! 4. The shared large-block cache (`SharedLargeCache`) under concurrent
-//!    put and take: no segment is lost or handed out twice, and the byte
-//!    count returns to what is cached.
+//!    put and take, and a free's trim (`evict_top_class`) racing a take:
+//!    no segment is lost or handed out twice, the block the trimming free
+//!    cached is kept, and the byte count returns to what is cached.
 //!
 //! Loom tracks the atomics and the orderings between them; it does not
 //! track plain memory reached through raw pointers, which the protocols'
@@ -580,6 +581,70 @@ fn shared_cache_bound_holds_under_racing_puts() {
         assert_eq!(won, 1);
         assert_eq!(cache.bytes(), one);
         assert!(!cache.take(USABLE).is_null());
+        assert_eq!(cache.bytes(), 0);
+    });
+}
+
+/// A free that trims the cache (`evict_top_class`, keeping the block it
+/// just cached) races another thread's take: every block ends exactly once
+/// taken, evicted or still cached, the kept one is never evicted, and the
+/// byte count says what is still cached.
+#[test]
+fn shared_cache_eviction_races_a_take() {
+    const USABLE: usize = 512 << 10;
+    loom::model(|| {
+        let cache = Arc::new(SharedLargeCache::new());
+        let old = cached_large(USABLE);
+        let newest = cached_large(USABLE);
+        // SAFETY: the blocks are ours to hand over; the headers are live
+        // for the model.
+        let one = unsafe {
+            assert!(cache.put(old.0, usize::MAX));
+            (*old.0).map_size
+        };
+        let trimmer = {
+            let cache = cache.clone();
+            thread::spawn(move || {
+                let newest = newest;
+                // SAFETY: ours to hand over.
+                assert!(unsafe { cache.put(newest.0, usize::MAX) });
+                let mut evicted = Vec::new();
+                let bytes = cache.evict_top_class(newest.0, |s| evicted.push(s as usize));
+                assert_eq!(bytes, evicted.len() * one);
+                evicted
+            })
+        };
+        let taker = {
+            let cache = cache.clone();
+            thread::spawn(move || cache.take(USABLE) as usize)
+        };
+        let evicted = trimmer.join().unwrap();
+        let taken = taker.join().unwrap();
+        assert!(
+            !evicted.contains(&(newest.0 as usize)),
+            "the kept block was evicted"
+        );
+        let mut seen: BTreeSet<usize> = evicted.iter().copied().collect();
+        assert_eq!(seen.len(), evicted.len(), "a block evicted twice");
+        if taken != 0 {
+            assert!(seen.insert(taken), "a block both taken and evicted");
+        }
+        let left = 2 - seen.len();
+        assert_eq!(cache.bytes(), left * one);
+        loop {
+            let s = cache.take(USABLE);
+            if s.is_null() {
+                break;
+            }
+            assert!(
+                seen.insert(s as usize),
+                "a taken or evicted block is still cached"
+            );
+        }
+        assert_eq!(
+            seen,
+            [old.0 as usize, newest.0 as usize].into_iter().collect()
+        );
         assert_eq!(cache.bytes(), 0);
     });
 }
