@@ -744,7 +744,7 @@ unsafe fn trim_to_live(
 /// Release cached blocks other than `newest` until the cache, holding
 /// `cached` bytes, holds at most `limit` (if it does not already, and the
 /// thread does not defer): the freeing thread's largest first, then the
-/// shared level's highest classes, a whole class at a time.
+/// shared level's highest classes, the block at the lowest address first.
 ///
 /// # Safety
 /// As [`trim_to_live`].
@@ -775,7 +775,8 @@ unsafe fn release_excess(
     }
     while excess > 0 {
         // SAFETY: `[cache-ownership]`: each segment evicted is ours, its block free.
-        let bytes = SHARED.evict_top_class(newest, |segment| unsafe { large_release(segment) });
+        let bytes =
+            SHARED.evict_from_top_class(newest, |segment| unsafe { large_release(segment) });
         if bytes == 0 {
             break;
         }

@@ -400,14 +400,16 @@ impl SharedLargeCache {
         ptr::null_mut()
     }
 
-    /// Take out every block of the highest class that holds one other than
-    /// `keep` and hand each to `release`, in address order (so what the
-    /// release does next, e.g. the segment cache's order, does not depend
-    /// on which slot a block sat in). Returns the bytes taken out; 0 when
-    /// no class holds a block besides `keep`. The classes are found by the
+    /// Take out the block at the lowest address among those of the highest
+    /// class that holds one other than `keep`, and hand it to `release`
+    /// (its class's other blocks go back to their slots; one a racing put
+    /// left no slot for goes to `release` too). Returns the bytes taken
+    /// out; 0 when no class holds a block besides `keep`. Which block goes
+    /// does not depend on the slots they sat in (the model of the tier in
+    /// `tests/large_cache.rs` predicts it). The classes are found by the
     /// occupancy hint, as a take finds them: a stale clear bit leaves a
     /// block cached (less is released), never loses one.
-    pub fn evict_top_class(
+    pub fn evict_from_top_class(
         &self,
         keep: *mut Segment,
         mut release: impl FnMut(*mut Segment),
@@ -445,24 +447,16 @@ impl SharedLargeCache {
                 taken[count] = segment;
                 count += 1;
             }
-            if count == 0 {
+            let Some(lowest) = taken[..count].iter().copied().min() else {
                 continue;
-            }
-            let taken = &mut taken[..count];
-            // Insertion sort: at most `SHARED_SLOTS` entries (core's sort
-            // would add kilobytes of code to the library for them).
-            for i in 1..taken.len() {
-                let mut j = i;
-                while j > 0 && taken[j - 1] > taken[j] {
-                    taken.swap(j - 1, j);
-                    j -= 1;
-                }
-            }
+            };
             let mut bytes = 0;
-            for &segment in taken.iter() {
-                // SAFETY: the swap made the segment ours (`[cache-ownership]`).
-                bytes += unsafe { segment_bytes(segment) };
-                release(segment);
+            for &segment in &taken[..count] {
+                if segment == lowest || !self.put_slot(bin, segment) {
+                    // SAFETY: the swap made the segment ours (`[cache-ownership]`).
+                    bytes += unsafe { segment_bytes(segment) };
+                    release(segment);
+                }
             }
             self.bytes.fetch_sub(bytes, Ordering::Relaxed);
             return bytes;

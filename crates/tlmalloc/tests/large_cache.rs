@@ -339,11 +339,14 @@ fn block_freed_on_exited_thread_is_reused_through_shared_level() {
     // While B lives: what its local level has no room for (its byte bound
     // follows B's live large footprint, a quarter of twice it, so it keeps
     // a few of nine 8 MiB blocks) overflows into the shared level, where A
-    // takes a block at once.
+    // takes a block at once. A live block of B's keeps the cache's bound
+    // above the nine, which its frees would otherwise give back as B's
+    // footprint falls (`large::trim_to_live`).
     let barrier = Arc::new(Barrier::new(2));
     let b2 = barrier.clone();
     let b = thread::spawn(move || {
         warm_up();
+        let anchor = malloc(5 * SIZE);
         let blocks: Vec<usize> = (0..9).map(|_| malloc(SIZE) as usize).collect();
         for &p in &blocks {
             free(p as *mut u8);
@@ -351,6 +354,7 @@ fn block_freed_on_exited_thread_is_reused_through_shared_level() {
         let s = large_cache_stats();
         b2.wait(); // frees done
         b2.wait(); // A took one
+        free(anchor);
         (blocks, s)
     });
     barrier.wait();
@@ -685,9 +689,9 @@ impl Model {
     /// After a free (`large::trim_to_live`): besides the block it cached
     /// (`newest`), the cache keeps at most the bound of the live bytes left;
     /// the rest is released, the local level's largest first (the first
-    /// slot of equals), then the shared level's highest class that holds
-    /// another block, all of that class at once, in address order. Returns
-    /// how many blocks went.
+    /// slot of equals), then from the shared level's highest class that
+    /// holds another block, the one at the lowest address. Returns how many
+    /// blocks went.
     fn trim_to_live(
         &mut self,
         newest: Option<usize>,
@@ -723,20 +727,18 @@ impl Model {
             else {
                 break;
             };
-            let mut out: Vec<usize> = self.shared[k]
+            let q = self.shared[k]
                 .iter()
                 .copied()
                 .filter(|&q| Some(q) != newest)
-                .collect();
-            self.shared[k].retain(|&q| Some(q) == newest);
-            out.sort_unstable();
-            for q in out {
-                let map = self.blocks[&q].map;
-                cached -= map;
-                lc.shared_bytes -= map;
-                self.release(q, os, paths);
-                released += 1;
-            }
+                .min()
+                .unwrap();
+            self.shared[k].retain(|&b| b != q);
+            let map = self.blocks[&q].map;
+            cached -= map;
+            lc.shared_bytes -= map;
+            self.release(q, os, paths);
+            released += 1;
         }
         paths.trimmed_blocks += released;
         released
