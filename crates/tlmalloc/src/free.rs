@@ -390,12 +390,15 @@ pub unsafe fn large_free(segment: *mut Segment) {
             // clock, so an idle thread's stale clock cannot age the block,
             // and a free costs no clock read.
             let live = heap.own_large_live();
-            large::recycle(Some(&mut heap.state().local_large), segment, 0, live);
+            // While no second thread heap was ever made, this thread's
+            // count is the program's: the shared level is trimmed by it too.
+            let whole = registry::threads_ever() <= 1;
+            large::recycle(Some(&mut heap.state().local_large), segment, 0, live, whole);
             heap.end_change(was);
         } else {
             // No heap of its own to tick: run the process-wide pass if due.
             let now = os::now_ms();
-            large::recycle(None, segment, now, 0);
+            large::recycle(None, segment, now, 0, false);
             purge::purge_shared(now, false);
         }
     }

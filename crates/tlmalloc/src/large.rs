@@ -615,7 +615,9 @@ pub unsafe fn assert_live(segment: *mut Segment) {
 
 /// Keep a freed large block for reuse: in `local` (the freeing thread's
 /// level, when it has one; a held one keeps any standard block without a
-/// byte bound), else the shared level, else give it back.
+/// byte bound), else the shared level, else give it back; then trim the
+/// cache to the live footprint left ([`trim_to_live`]; the shared level
+/// too when `own_is_whole`: the freeing thread's count is the program's).
 /// `stamp_ms` is its cache time (0: the next purge pass stamps it, so a
 /// free needs no clock read); `own_live` the freeing thread's live large
 /// bytes, for the cache's bound ([`cache_bound`]).
@@ -625,20 +627,28 @@ pub unsafe fn assert_live(segment: *mut Segment) {
 /// freed once (checked with [`assert_live`]), and unlinked it from any list.
 #[inline(always)]
 pub unsafe fn recycle(
-    mut local: Option<&mut LocalLargeCache>,
+    local: Option<&mut LocalLargeCache>,
     segment: *mut Segment,
     stamp_ms: u64,
     own_live: usize,
+    own_is_whole: bool,
 ) {
     // SAFETY: caller contract.
     unsafe {
         // Read while the block is ours: once cached, another thread may take it.
         let bytes = (*segment).map_size;
-        if keep_freed(local.as_deref_mut(), segment, stamp_ms, own_live) {
-            trim_to_live(local, segment, bytes, own_live);
+        let Some(local) = local else {
+            // No heap, no count of its own: the purger trims by time.
+            if !keep_freed(None, segment, stamp_ms, own_live) {
+                large_release(segment);
+            }
+            return;
+        };
+        if keep_freed(Some(&mut *local), segment, stamp_ms, own_live) {
+            trim_to_live(local, own_is_whole, segment, bytes, own_live);
         } else {
             large_release(segment);
-            trim_to_live(local, ptr::null_mut(), 0, own_live);
+            trim_to_live(local, own_is_whole, ptr::null_mut(), 0, own_live);
         }
     }
 }
@@ -689,7 +699,11 @@ unsafe fn keep_freed(
 /// After a free, the cache shrinks with the live footprint: besides the
 /// block just cached (`newest`, `newest_bytes` of mapping; null and 0 when
 /// none was), it keeps at most the bound of what is still live
-/// ([`cache_bound`] of `live_after`), and releases the rest at once.
+/// ([`cache_bound`] of `live_after`), and releases the rest at once. The
+/// shared level is trimmed only when `whole`, that is while the process
+/// has never had a second thread heap: otherwise one thread's small
+/// footprint would evict the blocks another, with a large one, cached
+/// (and the purger, which runs once there are two, trims it by time).
 ///
 /// Why at the free: the bound a block meets when it is cached is that of
 /// the footprint at that moment, so a program that frees its buffers one
@@ -697,14 +711,13 @@ unsafe fn keep_freed(
 /// after `large-buffers` freed its 20 buffers of 5–25 MB), and a program
 /// that then idles, or only makes small calls, never reaches the slow path
 /// where the purge clock would take it back (no background purger runs in a
-/// single-threaded process). Nothing is lost for loops: the block just
-/// freed stays whenever a level takes it (a loop's block always finds the
-/// cache empty), and a program whose footprint stays up keeps its cache.
+/// single-threaded process). Loops lose nothing: the block just freed is
+/// never trimmed, and a program whose footprint stays up keeps its cache.
 /// What it costs: a program that frees everything and then builds it again
 /// maps afresh what exceeds the floor besides the last block, as it would
 /// under jemalloc (which purges blocks of 8 MiB and up at once). After
-/// `large-buffers` the resident set falls from 226 MiB to 3 MiB (the last
-/// block too is released: the cache it met was still over its bound).
+/// `large-buffers` the resident set falls from 226 MiB to 3 MiB (its last
+/// block is not cached either: the shared level it met was over its bound).
 ///
 /// A held cache (a realtime-prepared thread) and a deferring thread never
 /// trim: both keep the kernel out of their frees.
@@ -714,17 +727,16 @@ unsafe fn keep_freed(
 /// another thread meanwhile: it is only compared, never read).
 #[inline(always)]
 unsafe fn trim_to_live(
-    local: Option<&mut LocalLargeCache>,
+    local: &mut LocalLargeCache,
+    whole: bool,
     newest: *mut Segment,
     newest_bytes: usize,
     live_after: usize,
 ) {
-    let local_bytes = match &local {
-        Some(local) if local.held() => return,
-        Some(local) => local.bytes(),
-        None => 0,
-    };
-    let cached = local_bytes + SHARED.bytes();
+    if local.held() {
+        return;
+    }
+    let cached = local.bytes() + if whole { SHARED.bytes() } else { 0 };
     // A loop's free: the cache holds its block alone (two loads and a
     // compare; the 32 MiB pair cost 48 instructions more with the whole
     // test inline).
@@ -733,6 +745,7 @@ unsafe fn trim_to_live(
         unsafe {
             release_excess(
                 local,
+                whole,
                 newest,
                 cached,
                 newest_bytes + cache_bound(live_after),
@@ -741,17 +754,19 @@ unsafe fn trim_to_live(
     }
 }
 
-/// Release cached blocks other than `newest` until the cache, holding
-/// `cached` bytes, holds at most `limit` (if it does not already, and the
-/// thread does not defer): the freeing thread's largest first, then the
-/// shared level's highest classes, the block at the lowest address first.
+/// Release cached blocks other than `newest` until the cache (this
+/// thread's level, and the shared one when `whole`), holding `cached`
+/// bytes, holds at most `limit` (if it does not already, and the thread
+/// does not defer): this thread's largest first, then the shared level's
+/// highest classes, the block at the lowest address first.
 ///
 /// # Safety
 /// As [`trim_to_live`].
 #[cold] // never reached by a loop, whose block is alone in the cache
 #[inline(never)]
 unsafe fn release_excess(
-    local: Option<&mut LocalLargeCache>,
+    local: &mut LocalLargeCache,
+    whole: bool,
     newest: *mut Segment,
     cached: usize,
     limit: usize,
@@ -760,23 +775,21 @@ unsafe fn release_excess(
         return;
     }
     let mut excess = cached - limit;
-    if let Some(local) = local {
-        while excess > 0 {
-            let segment = local.take_largest_except(newest);
-            if segment.is_null() {
-                break;
-            }
-            // SAFETY: `[cache-ownership]`: taken out, ours, its block free.
-            unsafe {
-                excess = excess.saturating_sub((*segment).map_size);
-                large_release(segment);
-            }
+    while excess > 0 {
+        let segment = local.take_largest_except(newest);
+        if segment.is_null() {
+            break;
+        }
+        // SAFETY: `[cache-ownership]`: taken out, ours, its block free.
+        unsafe {
+            excess = excess.saturating_sub((*segment).map_size);
+            large_release(segment);
         }
     }
-    while excess > 0 {
-        // SAFETY: `[cache-ownership]`: each segment evicted is ours, its block free.
+    while whole && excess > 0 {
+        // SAFETY: `[cache-ownership]`: the evicted segment is ours, its block free.
         let bytes =
-            SHARED.evict_from_top_class(newest, |segment| unsafe { large_release(segment) });
+            SHARED.evict_lowest_of_top_class(newest, |segment| unsafe { large_release(segment) });
         if bytes == 0 {
             break;
         }

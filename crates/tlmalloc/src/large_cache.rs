@@ -401,18 +401,19 @@ impl SharedLargeCache {
     }
 
     /// Take out the block at the lowest address among those of the highest
-    /// class that holds one other than `keep`, and hand it to `release`
-    /// (its class's other blocks go back to their slots; one a racing put
-    /// left no slot for goes to `release` too). Returns the bytes taken
-    /// out; 0 when no class holds a block besides `keep`. Which block goes
-    /// does not depend on the slots they sat in (the model of the tier in
-    /// `tests/large_cache.rs` predicts it). The classes are found by the
-    /// occupancy hint, as a take finds them: a stale clear bit leaves a
-    /// block cached (less is released), never loses one.
-    pub fn evict_from_top_class(
+    /// class that holds one other than `keep`, and hand it to `release`.
+    /// Returns its bytes; 0 when no class holds a block besides `keep`.
+    /// Which block goes does not depend on the slots the blocks sit in (the
+    /// model of the tier in `tests/large_cache.rs` predicts it). The block
+    /// is taken with one CAS of its slot from what a load saw there: if it
+    /// succeeds the block was still cached, so it is ours; if another
+    /// thread took it meanwhile, the class is looked at again. The classes
+    /// are found by the occupancy hint, as a take finds them: a stale clear
+    /// bit leaves a block cached (less is released), never loses one.
+    pub fn evict_lowest_of_top_class(
         &self,
         keep: *mut Segment,
-        mut release: impl FnMut(*mut Segment),
+        release: impl FnOnce(*mut Segment),
     ) -> usize {
         let mut word = BIN_WORDS;
         let mut bits = 0u64;
@@ -425,41 +426,29 @@ impl SharedLargeCache {
                 bits = self.occupied[word].load(Ordering::Relaxed);
             }
             let top = 63 - bits.leading_zeros() as usize;
-            bits &= !(1u64 << top);
             let bin = word * 64 + top;
-            let mut taken = [ptr::null_mut(); SHARED_SLOTS];
-            let mut count = 0;
             // No panic: a set bit is that of a bin (`put_slot`), `bin < BINS`.
-            for slot in &self.slots[bin] {
-                let seen = slot.load(Ordering::Relaxed);
-                if seen.is_null() || seen == keep {
-                    continue;
-                }
-                // Acquire: pairs with the Release of the put.
-                let segment = slot.swap(ptr::null_mut(), Ordering::Acquire);
-                if segment.is_null() {
-                    continue; // taken meanwhile
-                }
-                if segment == keep && self.put_slot(bin, segment) {
-                    continue; // `keep` came in meanwhile: it stays
-                }
-                // No panic: at most one per slot of the class.
-                taken[count] = segment;
-                count += 1;
-            }
-            let Some(lowest) = taken[..count].iter().copied().min() else {
+            let lowest = self.slots[bin]
+                .iter()
+                .map(|slot| (slot, slot.load(Ordering::Relaxed)))
+                .filter(|&(_, seen)| !seen.is_null() && seen != keep)
+                .min_by_key(|&(_, seen)| seen);
+            let Some((slot, seen)) = lowest else {
+                bits &= !(1u64 << top); // nothing here (but `keep`): the next class
                 continue;
             };
-            let mut bytes = 0;
-            for &segment in &taken[..count] {
-                if segment == lowest || !self.put_slot(bin, segment) {
-                    // SAFETY: the swap made the segment ours (`[cache-ownership]`).
-                    bytes += unsafe { segment_bytes(segment) };
-                    release(segment);
-                }
+            // Acquire: pairs with the Release of the put.
+            if slot
+                .compare_exchange(seen, ptr::null_mut(), Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                // SAFETY: the CAS made the segment ours (`[cache-ownership]`).
+                let bytes = unsafe { segment_bytes(seen) };
+                self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+                release(seen);
+                return bytes;
             }
-            self.bytes.fetch_sub(bytes, Ordering::Relaxed);
-            return bytes;
+            // Taken (or replaced) meanwhile: this class again.
         }
     }
 

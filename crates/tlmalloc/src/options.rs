@@ -7,7 +7,7 @@
 //! |---|---|---|---|
 //! | `TLMALLOC_PURGE_DELAY_MS` | 1000 | ms | how long a free page, empty segment or cached large block stays resident before it is purged (cached blocks are unmapped after 8× this; the segment cache and the span tier also purge what their own traffic leaves unused); 0 purges at the next check |
 //! | `TLMALLOC_PURGE_MODE` | `dontneed` | word | `dontneed` (`MADV_DONTNEED`: RSS drops at once, pages read back zero) or `free` (`MADV_FREE`: the kernel reclaims lazily) |
-//! | `TLMALLOC_LARGE_CACHE_MAX` | `512m` | bytes | the most bytes of freed large blocks kept for reuse: the shared level holds up to twice the live large footprint (at least 8 MiB, at most this), each thread a quarter of that in 8 slots (always one block); when the footprint falls, a free releases what the cache holds beyond that bound besides the block it just freed |
+//! | `TLMALLOC_LARGE_CACHE_MAX` | `512m` | bytes | the most bytes of freed large blocks kept for reuse: the shared level holds up to twice the live large footprint (at least 8 MiB, at most this), each thread a quarter of that in 8 slots (always one block); when the footprint falls, a free releases what its thread's level holds beyond that bound besides the block it just freed, and the shared level's excess too while the process has never had a second thread |
 //! | `TLMALLOC_MAX_RESERVED` | 0 (none) | bytes | cap on bytes mapped from the OS; a request beyond it gets null |
 //! | `TLMALLOC_THP` | `system` | word | transparent huge pages: `system` (no advice: the kernel's setting decides), `large` (`MADV_HUGEPAGE` on the mappings of large blocks above 4 MiB only; see Known limits), `always` (`MADV_HUGEPAGE` on segments and large blocks) or `never` (`MADV_NOHUGEPAGE`) |
 //! | `TLMALLOC_SHOW_STATS` | `off` | word | print the statistics summary at exit: `1`/`all` in every process, `pid:N` (or a bare `N` ≥ 2) only in process N, `0` in none |
@@ -122,7 +122,7 @@ options! {
         unit: "bytes",
         parse: parse_size,
         show: show_size,
-        doc: "the most bytes of freed large blocks kept for reuse: the shared level holds up to twice the live large footprint (at least 8 MiB, at most this), each thread a quarter of that in 8 slots (always one block); when the footprint falls, a free releases what the cache holds beyond that bound besides the block it just freed",
+        doc: "the most bytes of freed large blocks kept for reuse: the shared level holds up to twice the live large footprint (at least 8 MiB, at most this), each thread a quarter of that in 8 slots (always one block); when the footprint falls, a free releases what its thread's level holds beyond that bound besides the block it just freed, and the shared level's excess too while the process has never had a second thread",
     },
     MaxReserved {
         env: "TLMALLOC_MAX_RESERVED",

@@ -759,7 +759,9 @@ impl Model {
 }
 
 /// `large::cache_bound` for this thread's live large bytes. The process-wide
-/// estimate it may also take is 0 in the model's child process (no purger).
+/// estimate it may also take is 0 in the model's child process (no purger),
+/// where the test thread is the only thread heap ever made, so its frees
+/// trim the shared level too (`large::trim_to_live`).
 fn model_bound(own_live: usize) -> usize {
     own_live.saturating_mul(2).clamp(MODEL_FLOOR, MODEL_CAP)
 }
@@ -1525,6 +1527,62 @@ fn cache_shrink_child() {
     println!("shrink: ok");
 }
 
+/// Once the process has had two thread heaps, a free trims only its own
+/// thread's level: one thread's small footprint must not evict the blocks
+/// another thread, with a large one, cached in the shared level (the
+/// purger keeps that level in check by time). A keeps 10 blocks of 12 MiB
+/// live and frees 30, four of which fill the shared level's slots of
+/// their class; B then frees a 16 MiB block of its own (larger than any
+/// cached, so not taken from them; its footprint after the free: 0).
+#[test]
+fn a_free_with_a_small_footprint_leaves_another_threads_blocks_cached() {
+    let _s = serial();
+    let _o = OptRestore::save(&[Opt::PurgeDelayMs]);
+    options::set(Opt::PurgeDelayMs, 1 << 40);
+    let barrier = Arc::new(Barrier::new(2));
+    let b2 = barrier.clone();
+    let a = thread::spawn(move || {
+        warm_up();
+        let blocks: Vec<usize> = (0..40).map(|_| malloc(12 * MIB) as usize).collect();
+        for &p in &blocks[10..] {
+            free(p as *mut u8);
+        }
+        b2.wait(); // A's frees done
+        b2.wait(); // B's free done
+        for &p in &blocks[..10] {
+            free(p as *mut u8);
+        }
+    });
+    barrier.wait();
+    let before = large_cache_stats().shared_bytes;
+    thread::spawn(|| {
+        warm_up();
+        free(malloc(16 * MIB));
+    })
+    .join()
+    .unwrap();
+    let after = large_cache_stats().shared_bytes;
+    barrier.wait();
+    a.join().unwrap();
+    println!(
+        "two threads: shared level {:.0} MiB before B's free, {:.0} MiB after",
+        mib(before),
+        mib(after)
+    );
+    assert!(
+        before >= 36 * MIB,
+        "A's frees left only {:.0} MiB in the shared level",
+        mib(before)
+    );
+    assert!(
+        after >= before,
+        "B's free (its own footprint 0) trimmed A's blocks from the shared level: \
+         {:.0} -> {:.0} MiB",
+        mib(before),
+        mib(after)
+    );
+}
+
 // ---------------------------------------------------------------------------
 // (h) alignment requests bypass the cache
 // ---------------------------------------------------------------------------
@@ -1646,8 +1704,17 @@ fn concurrent_traffic_keeps_blocks_exclusive() {
         free(p as *mut u8);
     }
     let after = os_stats();
+    // The purger (short delay here) may hold a shared block out of its slot
+    // for a sweep while `collect` empties the level: it is put back, or
+    // released, a moment later, and a second collect finds it.
+    let deadline = Instant::now() + Duration::from_secs(2);
     tlmalloc::collect();
-    let end = large_cache_stats();
+    let mut end = large_cache_stats();
+    while end.local_bytes + end.shared_bytes != 0 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(1));
+        tlmalloc::collect();
+        end = large_cache_stats();
+    }
     println!(
         "concurrent: shared hits +{}, misses +{}, purge_calls +{}, map_calls +{}",
         after.large_cache_hits - before.large_cache_hits,

@@ -20,7 +20,7 @@
 //!    segment (what `handover::publish_chain` runs when the owner exited)
 //!    races a single free and the adoption under the same rules.
 //! 4. The shared large-block cache (`SharedLargeCache`) under concurrent
-//!    put and take, and a free's trim (`evict_from_top_class`) racing a take:
+//!    put and take, and a free's trim (`evict_lowest_of_top_class`) racing a take:
 //!    no segment is lost or handed out twice, the block the trimming free
 //!    cached is kept, and the byte count returns to what is cached.
 //!
@@ -585,7 +585,7 @@ fn shared_cache_bound_holds_under_racing_puts() {
     });
 }
 
-/// A free that trims the cache (`evict_from_top_class`, keeping the block it
+/// A free that trims the cache (`evict_lowest_of_top_class`, keeping the block it
 /// just cached) races another thread's take: every block ends exactly once
 /// taken, evicted or still cached, the kept one is never evicted, and the
 /// byte count says what is still cached.
@@ -609,7 +609,7 @@ fn shared_cache_eviction_races_a_take() {
                 // SAFETY: ours to hand over.
                 assert!(unsafe { cache.put(newest.0, usize::MAX) });
                 let mut evicted = Vec::new();
-                let bytes = cache.evict_from_top_class(newest.0, |s| evicted.push(s as usize));
+                let bytes = cache.evict_lowest_of_top_class(newest.0, |s| evicted.push(s as usize));
                 assert_eq!(bytes, evicted.len() * one);
                 evicted
             })
