@@ -637,18 +637,19 @@ pub unsafe fn recycle(
     unsafe {
         // Read while the block is ours: once cached, another thread may take it.
         let bytes = (*segment).map_size;
-        let Some(local) = local else {
-            // No heap, no count of its own: the purger trims by time.
-            if !keep_freed(None, segment, stamp_ms, own_live) {
-                large_release(segment);
-            }
-            return;
-        };
-        if keep_freed(Some(&mut *local), segment, stamp_ms, own_live) {
-            trim_to_live(local, own_is_whole, segment, bytes, own_live);
-        } else {
+        let mut local = local;
+        let kept = keep_freed(local.as_deref_mut(), segment, stamp_ms, own_live);
+        if !kept {
             large_release(segment);
-            trim_to_live(local, own_is_whole, ptr::null_mut(), 0, own_live);
+        }
+        // No heap, no count of its own: the purger trims by time.
+        if let Some(local) = local {
+            let (newest, newest_bytes) = if kept {
+                (segment, bytes)
+            } else {
+                (ptr::null_mut(), 0)
+            };
+            trim_to_live(local, own_is_whole, newest, newest_bytes, own_live);
         }
     }
 }

@@ -706,42 +706,42 @@ impl Model {
             paths.trims += 1;
         }
         while cached > limit {
-            let Some((i, q)) = (0..LOCAL_SLOTS)
-                .filter_map(|i| self.local[i].map(|q| (i, q)))
-                .filter(|&(_, q)| Some(q) != newest)
-                .max_by_key(|&(i, q)| (self.blocks[&q].capacity(), std::cmp::Reverse(i)))
-            else {
+            let Some((at, q)) = self.trim_victim(newest) else {
                 break;
             };
-            self.local[i] = None;
             let map = self.blocks[&q].map;
             cached -= map;
-            lc.local_bytes -= map;
-            self.release(q, os, paths);
-            released += 1;
-        }
-        while cached > limit {
-            let Some(k) = (0..self.shared.len())
-                .rev()
-                .find(|&k| self.shared[k].iter().any(|&q| Some(q) != newest))
-            else {
-                break;
-            };
-            let q = self.shared[k]
-                .iter()
-                .copied()
-                .filter(|&q| Some(q) != newest)
-                .min()
-                .unwrap();
-            self.shared[k].retain(|&b| b != q);
-            let map = self.blocks[&q].map;
-            cached -= map;
-            lc.shared_bytes -= map;
+            match at {
+                At::Local => lc.local_bytes -= map,
+                _ => lc.shared_bytes -= map,
+            }
             self.release(q, os, paths);
             released += 1;
         }
         paths.trimmed_blocks += released;
         released
+    }
+
+    /// The next block a trim releases, taken off its level: the local
+    /// level's largest (the first slot of equals), else the lowest address
+    /// of the shared level's highest class that holds one; never `newest`.
+    fn trim_victim(&mut self, newest: Option<usize>) -> Option<(At, usize)> {
+        let local = (0..LOCAL_SLOTS)
+            .filter_map(|i| self.local[i].map(|q| (i, q)))
+            .filter(|&(_, q)| Some(q) != newest)
+            .max_by_key(|&(i, q)| (self.blocks[&q].capacity(), std::cmp::Reverse(i)));
+        if let Some((i, q)) = local {
+            self.local[i] = None;
+            return Some((At::Local, q));
+        }
+        let class = self
+            .shared
+            .iter_mut()
+            .rev()
+            .find(|c| c.iter().any(|&q| Some(q) != newest))?;
+        let q = class.iter().copied().filter(|&q| Some(q) != newest).min()?;
+        class.retain(|&b| b != q);
+        Some((At::Shared, q))
     }
 
     /// Bytes mapped for the blocks and the cached segments.

@@ -507,13 +507,36 @@ fn cached_large(usable: usize) -> Shared<Segment> {
     Shared(segment)
 }
 
+/// The usable size of the shared-cache models' blocks: one bin (a large
+/// class: above MEDIUM_SIZE_MAX).
+const CACHED_USABLE: usize = 512 << 10;
+
+/// After the joins every put is visible: take what `cache` still holds,
+/// each block new to `seen` (else `twice`), then check that every block of
+/// `all` was seen once and no bytes stay counted.
+fn drain_and_check(
+    cache: &SharedLargeCache,
+    seen: &mut BTreeSet<usize>,
+    all: [usize; 2],
+    twice: &str,
+) {
+    loop {
+        let s = cache.take(CACHED_USABLE);
+        if s.is_null() {
+            break;
+        }
+        assert!(seen.insert(s as usize), "{twice}");
+    }
+    assert_eq!(*seen, all.into_iter().collect());
+    assert_eq!(cache.bytes(), 0);
+}
+
 #[test]
 fn shared_cache_put_and_take_race() {
-    const USABLE: usize = 512 << 10; // one bin (a large class: above MEDIUM_SIZE_MAX)
     loom::model(|| {
         let cache = Arc::new(SharedLargeCache::new());
-        let a = cached_large(USABLE);
-        let b = cached_large(USABLE);
+        let a = cached_large(CACHED_USABLE);
+        let b = cached_large(CACHED_USABLE);
         // Two threads each put one block and take one back.
         let threads: Vec<_> = [a, b]
             .into_iter()
@@ -523,7 +546,7 @@ fn shared_cache_put_and_take_race() {
                     let s = s;
                     // SAFETY: the block is ours to hand over.
                     assert!(unsafe { cache.put(s.0, usize::MAX) });
-                    Shared(cache.take(USABLE))
+                    Shared(cache.take(CACHED_USABLE))
                 })
             })
             .collect();
@@ -540,26 +563,21 @@ fn shared_cache_put_and_take_race() {
         let one = unsafe { (*a.0).map_size };
         let left = [a, b].len() - seen.len();
         assert_eq!(cache.bytes(), left * one);
-        // After the joins every put is visible: drain what is left.
-        loop {
-            let s = cache.take(USABLE);
-            if s.is_null() {
-                break;
-            }
-            assert!(seen.insert(s as usize), "a taken block is still cached");
-        }
-        assert_eq!(seen, [a.0 as usize, b.0 as usize].into_iter().collect());
-        assert_eq!(cache.bytes(), 0);
+        drain_and_check(
+            &cache,
+            &mut seen,
+            [a.0 as usize, b.0 as usize],
+            "a taken block is still cached",
+        );
     });
 }
 
 #[test]
 fn shared_cache_bound_holds_under_racing_puts() {
-    const USABLE: usize = 512 << 10;
     loom::model(|| {
         let cache = Arc::new(SharedLargeCache::new());
-        let a = cached_large(USABLE);
-        let b = cached_large(USABLE);
+        let a = cached_large(CACHED_USABLE);
+        let b = cached_large(CACHED_USABLE);
         // SAFETY: the headers are live for the model.
         let one = unsafe { (*a.0).map_size };
         // Room for one block only: exactly one of two racing puts wins.
@@ -580,7 +598,7 @@ fn shared_cache_bound_holds_under_racing_puts() {
             .sum();
         assert_eq!(won, 1);
         assert_eq!(cache.bytes(), one);
-        assert!(!cache.take(USABLE).is_null());
+        assert!(!cache.take(CACHED_USABLE).is_null());
         assert_eq!(cache.bytes(), 0);
     });
 }
@@ -591,11 +609,10 @@ fn shared_cache_bound_holds_under_racing_puts() {
 /// byte count says what is still cached.
 #[test]
 fn shared_cache_eviction_races_a_take() {
-    const USABLE: usize = 512 << 10;
     loom::model(|| {
         let cache = Arc::new(SharedLargeCache::new());
-        let old = cached_large(USABLE);
-        let newest = cached_large(USABLE);
+        let old = cached_large(CACHED_USABLE);
+        let newest = cached_large(CACHED_USABLE);
         // SAFETY: the blocks are ours to hand over; the headers are live
         // for the model.
         let one = unsafe {
@@ -616,7 +633,7 @@ fn shared_cache_eviction_races_a_take() {
         };
         let taker = {
             let cache = cache.clone();
-            thread::spawn(move || cache.take(USABLE) as usize)
+            thread::spawn(move || cache.take(CACHED_USABLE) as usize)
         };
         let evicted = trimmer.join().unwrap();
         let taken = taker.join().unwrap();
@@ -631,20 +648,11 @@ fn shared_cache_eviction_races_a_take() {
         }
         let left = 2 - seen.len();
         assert_eq!(cache.bytes(), left * one);
-        loop {
-            let s = cache.take(USABLE);
-            if s.is_null() {
-                break;
-            }
-            assert!(
-                seen.insert(s as usize),
-                "a taken or evicted block is still cached"
-            );
-        }
-        assert_eq!(
-            seen,
-            [old.0 as usize, newest.0 as usize].into_iter().collect()
+        drain_and_check(
+            &cache,
+            &mut seen,
+            [old.0 as usize, newest.0 as usize],
+            "a taken or evicted block is still cached",
         );
-        assert_eq!(cache.bytes(), 0);
     });
 }
