@@ -8,6 +8,9 @@
 #       (defaults: 7 rounds, 20000000 pairs, 64 1024 1536 4096 16384 65536 262144)
 #
 # TLMALLOC_LIB=path measures another build of the library.
+# BENCH=clear_batch times crates/tlmalloc-capi/bench/clear_batch.c instead:
+# batches of 14 blocks, each cleared with memset after malloc, freed
+# last-first (PAIRS is then the number of batches).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-7}
@@ -19,7 +22,8 @@ lib=${TLMALLOC_LIB:-$PWD/target/release/libtlmalloc.so}
 [ -f "$lib" ] || cargo build --release -p tlmalloc-capi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cc -O2 -fno-builtin -o "$work/pair" crates/tlmalloc-capi/bench/touch_pair.c
+bench=${BENCH:-touch_pair}
+cc -O2 -fno-builtin -o "$work/pair" "crates/tlmalloc-capi/bench/$bench.c"
 multiarch=/usr/lib/x86_64-linux-gnu
 names=(tlmalloc glibc)
 libs=("$lib" "")
