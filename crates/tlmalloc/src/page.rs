@@ -252,8 +252,8 @@ fn lanes_of(size: usize) -> usize {
 
 /// Link `count` never-used blocks of `size` bytes from `first` in front of
 /// `tail` and return the new head. Blocks of a cache line or more go in
-/// address order. Smaller ones go in lanes, blocks a cache line or more
-/// apart: `lanes = ceil(64 / size)`, the lane starting at block `lanes - 1`
+/// address order (`lanes == 1`). Smaller ones go in lanes, blocks a cache
+/// line or more apart: `lanes = lanes_of(size) = ceil(64 / size)`, the lane starting at block `lanes - 1`
 /// first, then `lanes - 2` … 0, each in address order. Why: glibc's
 /// AVX-512 `memset` and `memcpy` write a block under 64 bytes with one
 /// masked 64-byte store, and a load that falls in those 64 bytes waits
@@ -269,15 +269,17 @@ fn lanes_of(size: usize) -> usize {
 ///
 /// # Safety
 /// The `count >= 1` blocks from `first` lie in one page's area, were never
-/// handed out, and are the caller's to write.
+/// handed out, and are the caller's to write; `lanes == lanes_of(size)`
+/// (the caller has it already: it rounds `count` to whole lanes).
 unsafe fn thread_run(
     first: *mut u8,
     count: usize,
     size: usize,
+    lanes: usize,
     key: usize,
     tail: *mut Block,
 ) -> *mut Block {
-    let lanes = lanes_of(size).min(count);
+    let lanes = lanes.min(count);
     let mut head = tail;
     // Built from the back: lane 0 first, each lane from its highest block
     // down, every block pushed in front of the others.
@@ -750,7 +752,7 @@ impl Page {
             let key = self.link_key();
             let first = self.area().add(self.capacity as usize * size);
             valgrind::make_mem_undefined(first, step as usize * size);
-            self.free = thread_run(first, step as usize, size, key, self.free);
+            self.free = thread_run(first, step as usize, size, lanes as usize, key, self.free);
             valgrind::make_mem_noaccess(first, step as usize * size);
         }
         self.capacity += step;
