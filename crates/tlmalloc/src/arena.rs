@@ -336,6 +336,29 @@ pub unsafe fn purge(p: *mut u8, size: usize, lazy: bool) -> bool {
     done
 }
 
+/// Set once `populate` was refused: the kernel lacks it (before 5.14) or
+/// memory is short; it is not asked again.
+static POPULATE_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// Fault `[p, p + size)` in ahead of a program that is about to write all
+/// of it (`os::populate_write`: one call instead of a trap per page).
+/// Returns whether it did; a refusal stops later calls.
+///
+/// # Safety
+/// The range is a page-aligned read-write mapping made through this module.
+pub unsafe fn populate(p: *mut u8, size: usize) -> bool {
+    if rt_level::defers() || POPULATE_REFUSED.load(Ordering::Relaxed) {
+        return false;
+    }
+    rt_level::note_kernel_entry();
+    // SAFETY: caller contract.
+    let done = unsafe { os::populate_write(p, size) };
+    if !done {
+        POPULATE_REFUSED.store(true, Ordering::Relaxed);
+    }
+    done
+}
+
 /// Purge the page slots of `mask` in the segment at `base` (pages of
 /// `1 << page_shift` bytes), run by run; returns the slots the OS refused.
 /// Reads and writes no header: the caller records what was purged

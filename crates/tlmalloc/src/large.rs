@@ -29,7 +29,7 @@ use crate::config::{LARGE_CACHE_SIZE_MAX, MEDIUM_SIZE_MAX, OS_PAGE_SIZE, SEGMENT
 use crate::counters;
 use crate::large_cache::{LocalLargeCache, SHARED};
 use crate::options::{self, Opt};
-use crate::os::valgrind;
+use crate::os::{self, valgrind};
 use crate::report;
 use crate::rt_level;
 use crate::segment::{Segment, SegmentKind, LARGE_GUARD, METADATA_END, METADATA_PAGES_END};
@@ -398,16 +398,22 @@ pub fn alloc(
         if !segment.is_null() {
             // SAFETY: `[cache-ownership]`: the cache handed us the segment,
             // whose capacity is at least `usable`.
+            let filled = unsafe { filled_end(segment, usable) };
+            // SAFETY: as above.
             let p = unsafe { reuse_fitted(segment, usable) };
+            // SAFETY: as above; `reuse_fitted` kept `usable` bytes mapped.
+            unsafe { populate_rest(segment, filled, size) };
             // SAFETY: as above.
             unsafe { (*segment).rt_kept = held };
             // SAFETY: as above; the block holds at least `size` bytes.
             unsafe { clear_unless_zeroed(segment, p, size, zero) };
             return Some((p, usable, origin));
         }
-        if let Some(grown) = local.and_then(|l| grow_cached(l, usable)) {
+        if let Some((grown, filled)) = local.and_then(|l| grow_cached(l, usable)) {
             // SAFETY: a segment of ours grown to hold `usable` bytes.
             let p = unsafe { reuse_fitted(grown, usable) };
+            // SAFETY: as above.
+            unsafe { populate_rest(grown, filled, size) };
             // SAFETY: as above.
             unsafe { (*grown).rt_kept = held };
             // SAFETY: as above.
@@ -476,7 +482,7 @@ fn take_cached(local: Option<&mut LocalLargeCache>, usable: usize) -> (*mut Segm
 /// unchanged) when the kernel cannot grow it.
 #[cold]
 #[inline(never)]
-fn grow_cached(local: &mut LocalLargeCache, usable: usize) -> Option<*mut Segment> {
+fn grow_cached(local: &mut LocalLargeCache, usable: usize) -> Option<(*mut Segment, usize)> {
     if rt_level::defers() || local.held() {
         // Growing enters the kernel (and releases the block on failure);
         // a held cache's blocks are its thread's working set.
@@ -490,6 +496,7 @@ fn grow_cached(local: &mut LocalLargeCache, usable: usize) -> Option<*mut Segmen
     // mapping may move; a failed `large_grow` changed nothing, and the slot
     // it left is free again for it.
     unsafe {
+        let filled = filled_end(segment, usable);
         let grown = large_grow(segment, usable);
         if grown.is_null() {
             if !local.put(segment, || usize::MAX) {
@@ -497,7 +504,70 @@ fn grow_cached(local: &mut LocalLargeCache, usable: usize) -> Option<*mut Segmen
             }
             return None;
         }
-        Some(grown)
+        Some((grown, filled))
+    }
+}
+
+/// For a cached block about to serve `usable` bytes, more than its last
+/// use had: how far that use's memory is known resident (from the
+/// segment's start, a page boundary) when it wrote its block through to
+/// the end, else 0. A block whose last user filled it predicts a program
+/// that fills its big blocks (a buffer, an image, a matrix):
+/// [`populate_rest`] then faults the rest in with one call. One `mincore`,
+/// only when the block grows past its last use (never in a loop of one
+/// size).
+///
+/// # Safety
+/// The caller holds `segment`, a cached large segment, before its reuse.
+unsafe fn filled_end(segment: *mut Segment, usable: usize) -> usize {
+    // SAFETY: caller contract.
+    unsafe {
+        let last = (*segment).pages[0].block_size;
+        // A deferring (realtime) thread makes no system call of its own here.
+        if last == 0 || usable <= last || (*segment).purged || rt_level::defers() {
+            return 0;
+        }
+        let offset = (*segment).pages[0].area() as usize - segment as usize;
+        // The block's size is its class, up to an eighth above what was
+        // asked: the page seven eighths in lies in what the user wrote.
+        let probe = (offset + last - last / 8 - 1) & !(OS_PAGE_SIZE - 1);
+        if !os::page_resident(segment.cast::<u8>().add(probe)) {
+            return 0;
+        }
+        probe + OS_PAGE_SIZE
+    }
+}
+
+/// Fault in, with one call, the part of a reused block past what its last
+/// use wrote (`filled`, from [`filled_end`]; 0: leave it to the program's
+/// page faults). A program that writes the whole block pays one page
+/// fault per 4 KiB there otherwise: `large-buffers` (20 buffers of
+/// 5–25 MB, each written whole) took 1.6 M faults, most of them in blocks
+/// grown past their last use. Filling fresh memory costs half as much
+/// this way on this project's VMs (16 MiB: 4.3 → 2.3 ms, `MADV_POPULATE_WRITE`
+/// then `memset` against `memset` alone).
+///
+/// Only the `size` bytes asked for: a block's rounding to its class is
+/// never written by a program that writes what it asked for.
+///
+/// # Safety
+/// The caller holds `segment`, a large segment whose block was just handed
+/// out for a request of `size` bytes.
+unsafe fn populate_rest(segment: *mut Segment, filled: usize, size: usize) {
+    if filled == 0 {
+        return;
+    }
+    // SAFETY: caller contract.
+    unsafe {
+        let offset = (*segment).pages[0].area() as usize - segment as usize;
+        let Some(end) = round_up(offset + size, OS_PAGE_SIZE) else {
+            return;
+        };
+        if end > filled {
+            // The block's own bytes, mapped read-write (a guard page, with
+            // `secure`, lies past `end`).
+            arena::populate(segment.cast::<u8>().add(filled), end - filled);
+        }
     }
 }
 

@@ -373,16 +373,6 @@ fn purge_passes_beside_span_traffic_never_touch_a_live_block() {
     );
 }
 
-/// How many OS pages of `len` bytes at `p` are resident.
-fn resident_pages(p: *mut u8, len: usize) -> usize {
-    let mut v = vec![0u8; len.div_ceil(common::PAGE)];
-    // SAFETY: `p` is page-aligned inside a mapping of ours at least `len`
-    // long; `v` holds a byte per page.
-    let rc = unsafe { libc::mincore(p.cast(), len, v.as_mut_ptr()) };
-    assert_eq!(rc, 0, "mincore");
-    v.iter().filter(|&&b| b & 1 != 0).count()
-}
-
 /// Set the purge delay to an hour (restored when the guard drops), so
 /// that only the span tier's own purges run during a test.
 fn purge_delay_an_hour() -> common::OptRestore {
@@ -426,7 +416,7 @@ fn idle_slots_are_purged_when_a_block_takes_fresh_memory() {
     traffic(64);
     let pages = MIB / common::PAGE;
     assert_eq!(
-        resident_pages(x, MIB),
+        common::resident_pages(x, MIB),
         pages,
         "traffic that reuses its own memory purges nothing"
     );
@@ -434,7 +424,7 @@ fn idle_slots_are_purged_when_a_block_takes_fresh_memory() {
     for &p in &fresh {
         touch_pages(p, SPAN_SIZE_MAX);
     }
-    let left = resident_pages(x, MIB);
+    let left = common::resident_pages(x, MIB);
     assert_eq!(
         left, 0,
         "{left} of {pages} pages of an idle freed block resident after fresh blocks"

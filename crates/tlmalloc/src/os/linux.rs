@@ -98,6 +98,31 @@ pub unsafe fn purge(p: *mut u8, size: usize, lazy: bool) -> bool {
     rc == 0
 }
 
+/// Fault `[p, p + size)` in, writable, with one call
+/// (`MADV_POPULATE_WRITE`, Linux 5.14): pages already present keep their
+/// contents, missing ones arrive zeroed, without a trap per page. Returns
+/// false if the OS refused (an older kernel: `EINVAL`; no memory:
+/// `ENOMEM`, part of the range perhaps faulted in).
+///
+/// # Safety
+/// The range is a read-write mapping of ours, page-aligned.
+pub unsafe fn populate_write(p: *mut u8, size: usize) -> bool {
+    // SAFETY: the caller guarantees the range is ours and writable; the
+    // advice changes no byte of it.
+    let rc = unsafe { libc::madvise(p.cast(), size, libc::MADV_POPULATE_WRITE) };
+    rc == 0
+}
+
+/// Whether the OS page at `p` (page-aligned, mapped by us) is resident
+/// (`mincore`); false when the OS cannot say.
+pub fn page_resident(p: *const u8) -> bool {
+    let mut resident = 0u8;
+    // SAFETY: `mincore` writes one byte per page of the range: one here,
+    // into `resident`; it reads no memory of the range.
+    let rc = unsafe { libc::mincore(p.cast_mut().cast(), 1, &mut resident) };
+    rc == 0 && resident & 1 != 0
+}
+
 /// Advise transparent huge pages on (`Some(true)`), off (`Some(false)`) for
 /// `[p, p + size)`; `None` leaves the system policy.
 pub fn advise_huge_pages(p: *mut u8, size: usize, huge: Option<bool>) {

@@ -80,6 +80,17 @@ pub fn touch_pages(p: *mut u8, len: usize) {
     }
 }
 
+/// How many OS pages of `[p, p + len)` are resident (`mincore`).
+#[allow(dead_code)] // not every test binary looks at residency
+pub fn resident_pages(p: *mut u8, len: usize) -> usize {
+    let mut v = vec![0u8; len.div_ceil(PAGE)];
+    // SAFETY: `p` is page-aligned inside a mapping of ours at least `len`
+    // long; `v` holds a byte per page.
+    let rc = unsafe { libc::mincore(p.cast(), len, v.as_mut_ptr()) };
+    assert_eq!(rc, 0, "mincore");
+    v.iter().filter(|&&b| b & 1 != 0).count()
+}
+
 /// The offsets of a block of `len` bytes a test pattern covers: all of a
 /// small block, the first and last 32 KiB of a large one (touched, not all
 /// made resident).
