@@ -336,27 +336,31 @@ pub unsafe fn purge(p: *mut u8, size: usize, lazy: bool) -> bool {
     done
 }
 
-/// Set once `populate` was refused: the kernel lacks it (before 5.14) or
-/// memory is short; it is not asked again.
-static POPULATE_REFUSED: AtomicBool = AtomicBool::new(false);
+/// Set once the kernel said it has no `MADV_POPULATE_WRITE` (before
+/// 5.14): it is not asked again.
+static POPULATE_UNSUPPORTED: AtomicBool = AtomicBool::new(false);
 
 /// Fault `[p, p + size)` in ahead of a program that is about to write all
 /// of it (`os::populate_write`: one call instead of a trap per page).
-/// Returns whether it did; a refusal stops later calls.
+/// Returns whether it did; a refusal (memory short) leaves the rest to the
+/// program's page faults, and a kernel without the advice is not asked again.
 ///
 /// # Safety
 /// The range is a page-aligned read-write mapping made through this module.
 pub unsafe fn populate(p: *mut u8, size: usize) -> bool {
-    if rt_level::defers() || POPULATE_REFUSED.load(Ordering::Relaxed) {
+    if rt_level::defers() || POPULATE_UNSUPPORTED.load(Ordering::Relaxed) {
         return false;
     }
     rt_level::note_kernel_entry();
     // SAFETY: caller contract.
-    let done = unsafe { os::populate_write(p, size) };
-    if !done {
-        POPULATE_REFUSED.store(true, Ordering::Relaxed);
+    match unsafe { os::populate_write(p, size) } {
+        os::Populate::Done => true,
+        os::Populate::Refused => false,
+        os::Populate::Unsupported => {
+            POPULATE_UNSUPPORTED.store(true, Ordering::Relaxed);
+            false
+        }
     }
-    done
 }
 
 /// Purge the page slots of `mask` in the segment at `base` (pages of

@@ -98,19 +98,40 @@ pub unsafe fn purge(p: *mut u8, size: usize, lazy: bool) -> bool {
     rc == 0
 }
 
+/// What [`populate_write`] did.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Populate {
+    /// The range is resident.
+    Done,
+    /// Refused this time (no memory: `ENOMEM`, `EFAULT`, a signal); part
+    /// of the range may be resident.
+    Refused,
+    /// The kernel has no such advice (before Linux 5.14: `EINVAL`).
+    Unsupported,
+}
+
 /// Fault `[p, p + size)` in, writable, with one call
 /// (`MADV_POPULATE_WRITE`, Linux 5.14): pages already present keep their
-/// contents, missing ones arrive zeroed, without a trap per page. Returns
-/// false if the OS refused (an older kernel: `EINVAL`; no memory:
-/// `ENOMEM`, part of the range perhaps faulted in).
+/// contents, missing ones arrive zeroed, without a trap per page. The
+/// caller's `errno` is left as it was.
 ///
 /// # Safety
 /// The range is a read-write mapping of ours, page-aligned.
-pub unsafe fn populate_write(p: *mut u8, size: usize) -> bool {
+pub unsafe fn populate_write(p: *mut u8, size: usize) -> Populate {
+    let saved = errno();
     // SAFETY: the caller guarantees the range is ours and writable; the
     // advice changes no byte of it.
     let rc = unsafe { libc::madvise(p.cast(), size, libc::MADV_POPULATE_WRITE) };
-    rc == 0
+    if rc == 0 {
+        return Populate::Done;
+    }
+    let result = if errno() == libc::EINVAL {
+        Populate::Unsupported
+    } else {
+        Populate::Refused
+    };
+    set_errno(saved);
+    result
 }
 
 /// Whether the OS page at `p` (page-aligned, mapped by us) is resident

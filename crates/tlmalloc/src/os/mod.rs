@@ -15,7 +15,7 @@
 //! | `unmap(p, size)` | `[p, p+size)` was mapped by us | the range is gone |
 //! | `purge(p, size, lazy)` | a page-aligned range of ours whose contents are not needed | the OS may drop the pages (`lazy`: only under pressure); false if it refused |
 //! | `advise_huge_pages(p, size, huge)` | a range of ours | advice only |
-//! | `populate_write(p, size)` | a page-aligned read-write range of ours | its pages faulted in, contents kept (one call, no trap per page); false if refused |
+//! | `populate_write(p, size)` | a page-aligned read-write range of ours | its pages faulted in, contents kept (one call, no trap per page); `Refused` (no memory) or `Unsupported` (before Linux 5.14) otherwise, `errno` kept |
 //! | `page_resident(p)` | a page of ours | whether it is resident (`mincore`); false if unknown |
 //! | `grow_in_place(p, old, new)` / `move_mapping(from, old, to, new)` | mappings of ours | `mremap` without / with moving; false changes nothing |
 //! | `now_ms()` | — | a coarse monotonic clock (vDSO: no system call) |
