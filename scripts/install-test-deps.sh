@@ -2,7 +2,7 @@
 # Installs what the tests of crates/tlmalloc-capi and crates/tlmalloc-cli
 # need (they compile C/C++ programs and run real programs under
 # LD_PRELOAD): a C and a C++ compiler, binutils (nm, readelf), pkg-config,
-# sqlite3, git, valgrind (the `valgrind` feature's tests), and a python3 whose standard library includes its own test
+# sqlite3, git, valgrind (the `valgrind` feature's tests), strace, and a python3 whose standard library includes its own test
 # suite (test.test_json, test.test_threading, ...).
 #
 # Idempotent and non-interactive: installs only what is missing, and runs
@@ -27,6 +27,8 @@ have sqlite3 || packages+=(sqlite3)
 have git || packages+=(git)
 # The memcheck tests of the `valgrind` feature (crates/tlmalloc/tests/valgrind.rs).
 have valgrind || packages+=(valgrind)
+# Which thread registers for membarrier (crates/tlmalloc/tests/purger_start.rs).
+have strace || packages+=(strace)
 
 # The tests use `python3` from PATH if its test suite is there, else Debian's
 # /usr/bin/python3 (with the libpython3.X-testsuite package).

@@ -126,7 +126,6 @@ fn start() {
     // The `malloc` that starts it leaves errno as it found it (the system
     // calls below may set it even when they succeed).
     let saved_errno = os::errno();
-    HANDSHAKE.store(os::membarrier_register(), Ordering::Release);
     let spawned = os::spawn_thread(run, core::ptr::null_mut(), STACK_BYTES, c"tlmalloc-purge");
     os::set_errno(saved_errno);
     if !spawned {
@@ -163,6 +162,12 @@ pub unsafe fn after_fork_child() {
 extern "C" fn run(_: *mut c_void) -> *mut c_void {
     // Whatever `TLMALLOC_RT_DEFAULT` says, the purger does the work others defer.
     rt_level::set_exempt(true);
+    // Registered here, not by the `malloc` that started the purger: the
+    // process has a second thread by then, so the kernel makes the
+    // registration wait out an RCU grace period (`synchronize_rcu`), 12 ms
+    // on the 2-core VM, which that `malloc`, a program thread's first,
+    // spent blocked. Until it returns, passes skip step 3 (`HANDSHAKE`).
+    HANDSHAKE.store(os::membarrier_register(), Ordering::Release);
     loop {
         if options::get(Opt::BackgroundPurge) == 0 {
             // Turned off at run time: do nothing until it is turned on
