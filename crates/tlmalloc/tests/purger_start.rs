@@ -13,7 +13,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{child_command, purger_running, KIB, MIB};
+use common::{child_command, purger_running, purger_tid, KIB, MIB};
 use tlmalloc::options::{self, Opt};
 
 const CASE_VAR: &str = "TLTEST_PURGER_CASE";
@@ -159,17 +159,4 @@ fn the_barrier_is_registered_by_the_purger_thread_itself() {
         vec![purger],
         "the registration must be made once, by the purger thread ({purger}); strace saw:\n{trace}"
     );
-}
-
-/// The thread id of this process's `tlmalloc-purge` thread, if it runs.
-fn purger_tid() -> Option<u32> {
-    std::fs::read_dir("/proc/self/task").unwrap().find_map(|t| {
-        let t = t.unwrap();
-        let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
-        if comm.trim_end() == "tlmalloc-purge" {
-            t.file_name().to_str()?.parse().ok()
-        } else {
-            None
-        }
-    })
 }

@@ -173,9 +173,19 @@ pub fn assert_child_printed(out: &Output, marker: &str) {
 /// Whether this process has a thread named `tlmalloc-purge` (the
 /// background purger).
 pub fn purger_running() -> bool {
-    std::fs::read_dir("/proc/self/task").unwrap().any(|t| {
-        std::fs::read_to_string(t.unwrap().path().join("comm"))
-            .is_ok_and(|c| c.trim_end() == "tlmalloc-purge")
+    purger_tid().is_some()
+}
+
+/// The thread id of this process's `tlmalloc-purge` thread, if it runs.
+pub fn purger_tid() -> Option<u32> {
+    std::fs::read_dir("/proc/self/task").unwrap().find_map(|t| {
+        let t = t.unwrap();
+        let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+        if comm.trim_end() == "tlmalloc-purge" {
+            t.file_name().to_str()?.parse().ok()
+        } else {
+            None
+        }
     })
 }
 
