@@ -69,6 +69,12 @@ counters! {
     page_bytes,
     /// The largest `page_bytes` has been.
     peak_page_bytes,
+    /// Bytes of resident pages a reused large block gave up and that were
+    /// kept as spare pages (`spare_pages.rs`) instead of given back.
+    spare_kept_bytes,
+    /// Bytes of spare pages moved into a large block that needed memory
+    /// (page faults it did not take).
+    spare_reused_bytes,
 }
 
 /// `size` bytes were mapped.
@@ -76,6 +82,17 @@ pub(crate) fn record_map(size: usize) {
     cells::map_calls.fetch_add(1, Ordering::Relaxed);
     let now = cells::reserved_bytes.fetch_add(size, Ordering::Relaxed) + size;
     cells::peak_reserved_bytes.fetch_max(now, Ordering::Relaxed);
+}
+
+/// `bytes` of resident pages became spare (`kept`) or were moved into a
+/// large block (`spare_pages.rs`).
+pub(crate) fn record_spare(bytes: usize, kept: bool) {
+    let cell = if kept {
+        &cells::spare_kept_bytes
+    } else {
+        &cells::spare_reused_bytes
+    };
+    cell.fetch_add(bytes, Ordering::Relaxed);
 }
 
 /// `size` bytes were unmapped.

@@ -12,7 +12,7 @@
 //!   afresh in a safe state — what it held is left behind, never reused —
 //!   and the lock is freed. Process heap → reset; abandoned list → emptied;
 //!   heap pool → emptied; segment cache → emptied; span list → emptied,
-//!   a new epoch (`span.rs`); registry → a new
+//!   a new epoch (`span.rs`); spare ranges → emptied; registry → a new
 //!   generation; a user heap's large-block list → poisoned (never walked
 //!   again); the statistics buffers → unlocked; a half-done process set-up
 //!   → redone.
@@ -47,6 +47,8 @@
 //! 6. each `tlmalloc::Heap`'s large-block lock (nests nothing)
 //! 7. `span::SPANS` (the span segments; nests nothing: it is dropped
 //!    around the arena's calls and a purge pass's `madvise`)
+//! 8. `spare_pages::SPARE` (the spare ranges; nests nothing: it is dropped
+//!    around every system call)
 
 use crate::abandoned::ABANDONED;
 use crate::arena;
@@ -58,6 +60,7 @@ use crate::options;
 use crate::purger;
 use crate::registry;
 use crate::span;
+use crate::spare_pages;
 use crate::stats;
 
 /// After `fork`, in the child: repair what vanished threads left
@@ -76,6 +79,7 @@ pub unsafe fn repair_child() {
         heap_pool::after_fork_child();
         arena::after_fork_child();
         span::after_fork_child();
+        spare_pages::after_fork_child();
         exit_report::after_fork_child();
         stats::after_fork_child();
     }

@@ -35,6 +35,7 @@ use crate::rt_level;
 use crate::segment::{Segment, SegmentKind, LARGE_GUARD, METADATA_END, METADATA_PAGES_END};
 use crate::segment_map::{self, CHUNK_FOREIGN, CHUNK_HEADER_BELOW, CHUNK_SEGMENT};
 use crate::size_class::class_size_of;
+use crate::spare_pages;
 use crate::sync::{AtomicUsize, Ordering};
 
 #[inline]
@@ -265,6 +266,7 @@ pub unsafe fn large_purge(segment: *mut Segment, lazy: bool) {
             (*segment).zeroed = !lazy;
             (*segment).large_decommitted = len;
             (*segment).large_touched = 0;
+            (*segment).large_asked = 0;
         }
     }
 }
@@ -402,6 +404,8 @@ pub fn alloc(
             // SAFETY: as above.
             let p = unsafe { reuse_fitted(segment, usable) };
             // SAFETY: as above; `reuse_fitted` kept `usable` bytes mapped.
+            let filled = unsafe { take_spare(segment, filled, size, zero) };
+            // SAFETY: as above.
             unsafe { populate_rest(segment, filled, size) };
             // SAFETY: as above.
             unsafe { (*segment).rt_kept = held };
@@ -412,6 +416,8 @@ pub fn alloc(
         if let Some((grown, filled)) = local.and_then(|l| grow_cached(l, usable)) {
             // SAFETY: a segment of ours grown to hold `usable` bytes.
             let p = unsafe { reuse_fitted(grown, usable) };
+            // SAFETY: as above.
+            let filled = unsafe { take_spare(grown, filled, size, zero) };
             // SAFETY: as above.
             unsafe { populate_rest(grown, filled, size) };
             // SAFETY: as above.
@@ -432,6 +438,7 @@ pub fn alloc(
     unsafe {
         (*segment).rt_kept = held;
         let p = (*segment).large_block();
+        take_spare(segment, 0, size, zero);
         clear_unless_zeroed(segment, p, size, zero);
         Some((p, (*segment).pages[0].block_size, Origin::Mapped))
     }
@@ -538,6 +545,54 @@ unsafe fn filled_end(segment: *mut Segment, usable: usize) -> usize {
     }
 }
 
+/// Move spare pages (`spare_pages.rs`) into the part of the block of
+/// `segment`, up to its first `size` bytes, that holds no resident page
+/// (past what its uses touched), so the program does not fault it in
+/// anew. Returns what is known resident from the segment's start:
+/// `filled` ([`filled_end`]; 0: unknown), moved past the spare pages'
+/// end when any came. Nothing when there are none, the block is known
+/// zero and must read zero (a fresh mapping for `calloc`), or the block's
+/// uses already covered `size`.
+///
+/// # Safety
+/// The caller holds `segment`, a large segment whose block was just handed
+/// out for a request of `size` bytes.
+#[inline]
+unsafe fn take_spare(segment: *mut Segment, filled: usize, size: usize, zero: bool) -> usize {
+    // SAFETY: caller contract.
+    unsafe {
+        let asked = (*segment).large_asked;
+        (*segment).large_asked = asked.max(size);
+        if spare_pages::bytes() == 0 || (zero && (*segment).zeroed) {
+            return filled;
+        }
+        // From where the last uses' requests end: the class rounding past
+        // them was never written (`large_touched` would skip it, and the
+        // program would fault it in).
+        let offset = (*segment).pages[0].area() as usize - segment as usize;
+        let Some(start) = round_up(offset + asked, OS_PAGE_SIZE) else {
+            return filled;
+        };
+        let Some(end) = round_up(offset + size, OS_PAGE_SIZE) else {
+            return filled;
+        };
+        if end <= start || end > (*segment).map_size {
+            return filled;
+        }
+        let moved = spare_pages::fill(segment.cast::<u8>().add(start), end - start);
+        if moved == 0 {
+            return filled;
+        }
+        (*segment).zeroed = false;
+        (*segment).large_touched = (*segment).large_touched.max(start + moved - offset);
+        if filled == 0 {
+            0
+        } else {
+            filled.max(start + moved)
+        }
+    }
+}
+
 /// Fault in, with one call, the part of a reused block past what its last
 /// use wrote (`filled`, from [`filled_end`]; 0: leave it to the program's
 /// page faults). A program that writes the whole block pays one page
@@ -629,6 +684,23 @@ unsafe fn give_back_excess(segment: *mut Segment, p: *mut u8, usable: usize, sla
             SEGMENT_SIZE
         };
         let keep = need.saturating_add(LARGE_GUARD).max(floor);
+        // What the requests the block served wrote (a program that writes
+        // what it asks for never touches the class rounding past that):
+        // moved out to the spare pages, its range left mapped and empty.
+        let touched_end = round_up(offset + (*segment).large_touched, OS_PAGE_SIZE)
+            .unwrap_or(map_size)
+            .min(map_size);
+        let asked_end = round_up(offset + (*segment).large_asked, OS_PAGE_SIZE)
+            .unwrap_or(map_size)
+            .min(touched_end);
+        if asked_end > need + slack
+            && spare_pages::keep(segment.cast::<u8>().add(need), asked_end - need)
+        {
+            (*segment).large_asked = usable;
+            if touched_end - asked_end <= slack {
+                (*segment).large_touched = usable;
+            }
+        }
         if map_size > keep && map_size - keep > slack && (*segment).map_base == segment.cast() {
             arena::unmap(segment.cast::<u8>().add(keep), map_size - keep);
             (*segment).map_size = keep;
@@ -643,6 +715,7 @@ unsafe fn give_back_excess(segment: *mut Segment, p: *mut u8, usable: usize, sla
             if arena::purge(start, end - need, false) {
                 (*segment).large_decommitted += end - need;
                 (*segment).large_touched = usable;
+                (*segment).large_asked = (*segment).large_asked.min(usable);
             }
         }
     }
@@ -807,6 +880,11 @@ unsafe fn trim_to_live(
     if local.held() {
         return;
     }
+    // The block just freed counts: a program that resizes its one buffer
+    // keeps spare pages for it too.
+    spare_pages::set_bound(spare_pages::bound_for(
+        live_after.max(LIVE_ESTIMATE.load(Ordering::Relaxed)) + newest_bytes,
+    ));
     let cached = local.bytes() + if whole { SHARED.bytes() } else { 0 };
     // A loop's free: the cache holds its block alone (two loads and a
     // compare; the 32 MiB pair cost 48 instructions more with the whole

@@ -90,6 +90,8 @@ mod retired_pages;
 mod rt_pending;
 #[cfg(not(loom))]
 mod span;
+#[cfg(not(loom))]
+mod spare_pages;
 
 // The heap.
 #[cfg(all(not(loom), feature = "check"))]

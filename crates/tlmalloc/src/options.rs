@@ -124,6 +124,14 @@ options! {
         show: show_size,
         doc: "the most bytes of freed large blocks kept for reuse: the shared level holds up to twice the live large footprint (at least 8 MiB, at most this), each thread a quarter of that in 8 slots (always one block); when the footprint falls, a free releases what its thread's level holds beyond that bound besides the block it just freed, and the shared level's excess too while the process has never had a second thread",
     },
+    SpareMax {
+        env: "TLMALLOC_SPARE_MAX",
+        default: 64 << 20,
+        unit: "bytes",
+        parse: parse_size,
+        show: show_size,
+        doc: "the most bytes of resident pages kept apart when a cached large block is reused for a smaller size (moved out with mremap instead of given back), for the next large block that needs memory to take instead of faulting fresh pages: a quarter of the live large footprint, at most this; released after the purge delay; 0 gives the excess back at once",
+    },
     MaxReserved {
         env: "TLMALLOC_MAX_RESERVED",
         default: 0,

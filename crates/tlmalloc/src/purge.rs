@@ -42,6 +42,7 @@ use crate::os;
 use crate::rt_level;
 use crate::segment::Segment;
 use crate::span;
+use crate::spare_pages;
 use crate::sync::{AtomicUsize, Ordering};
 
 /// Slow-path calls between two clock reads.
@@ -299,6 +300,7 @@ pub fn purge_shared(now_ms: u64, force: bool) {
         policy.lazy,
         |segment| dirty_pages_due(segment, now_ms, policy, force),
     );
+    spare_pages::release_idle(now_ms, policy.delay_ms, force);
     if force {
         arena::cache_flush();
     } else {

@@ -55,6 +55,7 @@ use crate::purge::{self, PurgePolicy};
 use crate::registry;
 use crate::rt_level;
 use crate::rt_pending;
+use crate::spare_pages;
 use crate::sync::{AtomicBool, AtomicUsize, Ordering};
 
 /// The purger thread was started (or its start was attempted) in this process.
@@ -208,7 +209,8 @@ fn sleep_until_rung() {
 fn pass(now_ms: u64, policy: PurgePolicy) -> bool {
     rt_pending::drain();
     purge::purge_shared(now_ms, false);
-    let mut pending = SHARED.bytes() > 0 || arena::cached_segments() > 0;
+    let mut pending =
+        SHARED.bytes() > 0 || arena::cached_segments() > 0 || spare_pages::bytes() > 0;
     ABANDONED.for_each(|segment| {
         purge::purge_dirty_pages(segment, now_ms, policy, false);
         pending |= segment.dirty_mask != 0;

@@ -172,6 +172,12 @@ pub struct Segment {
     /// claimed again carves its never-written part in `[untouched]` mode.
     /// Unused in a large segment.
     pub written: WrittenPages,
+    /// Large segments, holder: the most bytes a request the block served
+    /// asked for since its last purge: how far a program that writes what
+    /// it asks for made it resident (`large_touched`, rounded to classes,
+    /// bounds it from above). Past the page table: the first 128 bytes are
+    /// laid out for the free path.
+    pub large_asked: usize,
 }
 
 /// Bytes at the start of a segment taken by its header.
@@ -304,6 +310,7 @@ impl Segment {
             addr_of_mut!((*segment).span_idle_dirty).write(0);
             addr_of_mut!((*segment).purged_mask).write(0);
             addr_of_mut!((*segment).large_touched).write(0);
+            addr_of_mut!((*segment).large_asked).write(0);
             addr_of_mut!((*segment).large_decommitted).write(0);
             addr_of_mut!((*segment).span_epoch).write(0);
             addr_of_mut!((*segment).span_longest_run).write(0);

@@ -865,7 +865,7 @@ fn run_without_purger(name: &str, var: &str, prefix: &str) {
 /// to), which cached block a request gets (or that it grows one, or maps).
 fn accounting_model_child() {
     let _s = serial();
-    let _o = OptRestore::save(&[Opt::PurgeDelayMs, Opt::LargeCacheMax]);
+    let _o = OptRestore::save(&[Opt::PurgeDelayMs, Opt::LargeCacheMax, Opt::SpareMax]);
     assert_eq!(
         options::get(Opt::BackgroundPurge),
         0,
@@ -874,6 +874,8 @@ fn accounting_model_child() {
     // Nothing is purged or released by age during the test.
     options::set(Opt::PurgeDelayMs, 1 << 40);
     options::set(Opt::LargeCacheMax, MODEL_CAP);
+    // The model gives a trimmed block's excess back (no spare pages).
+    options::set(Opt::SpareMax, 0);
     tlmalloc::collect(); // also empties the arena's segment cache
     let start = snap();
     assert_eq!(start.lc.local_bytes + start.lc.shared_bytes, 0);
@@ -1625,7 +1627,7 @@ fn aligned_large_requests_are_aligned_despite_cached_blocks() {
 #[test]
 fn concurrent_traffic_keeps_blocks_exclusive() {
     let _s = serial();
-    let _o = OptRestore::save(&[Opt::PurgeDelayMs, Opt::LargeCacheMax]);
+    let _o = OptRestore::save(&[Opt::PurgeDelayMs, Opt::LargeCacheMax, Opt::SpareMax]);
     options::set(Opt::PurgeDelayMs, 5);
     options::set(Opt::LargeCacheMax, 32 * MIB);
     tlmalloc::collect();

@@ -167,8 +167,177 @@ pub unsafe fn grow_in_place(p: *mut u8, old: usize, new: usize) -> bool {
     }
     // SAFETY: without MREMAP_MAYMOVE the kernel either extends the mapping
     // into free address space or fails; it never moves or overwrites.
-    let q = unsafe { libc::mremap(p.cast(), old, new, 0) };
-    q != libc::MAP_FAILED
+    let q = unsafe { libc::mremap(p.cast(), old, new, 0, ptr::null_mut::<c_void>()) };
+    if q != libc::MAP_FAILED {
+        return true;
+    }
+    // A range of several kernel mappings (pages moved in, `move_pages_in`)
+    // cannot be resized by `mremap`: map the extension beside it instead.
+    map_where_free((p as usize + old) as *mut u8, new - old)
+}
+
+/// Map `[p, p + size)` (page-aligned) read-write if nothing is mapped
+/// there; false (nothing changed, `errno` kept) otherwise.
+fn map_where_free(p: *mut u8, size: usize) -> bool {
+    let saved = errno();
+    // SAFETY: MAP_FIXED_NOREPLACE maps only where nothing is mapped; a
+    // kernel before 4.17 takes the address as a hint, checked below.
+    let q = unsafe {
+        libc::mmap(
+            p.cast(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE
+                | libc::MAP_ANONYMOUS
+                | libc::MAP_NORESERVE
+                | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    set_errno(saved);
+    if q == p.cast() {
+        return true;
+    }
+    if q != libc::MAP_FAILED {
+        // SAFETY: a mapping the kernel just made for us elsewhere.
+        unsafe { libc::munmap(q, size) };
+    }
+    false
+}
+
+/// Move the pages of `[p, p + size)` (resident ones, of any number of
+/// kernel mappings of ours) to a new range of their own, leaving
+/// `[p, p + size)` mapped and empty (it reads as zero again):
+/// `MREMAP_DONTUNMAP`, so no page is copied, zeroed or faulted. Returns the
+/// new range, or null when the kernel cannot (before Linux 5.7, or, before
+/// 6.17, a range of several mappings); nothing changed then.
+///
+/// # Safety
+/// The range is a page-aligned read-write private mapping of ours whose
+/// contents nobody needs.
+pub unsafe fn move_pages_out(p: *mut u8, size: usize) -> *mut u8 {
+    if inject(OsCall::Remap) {
+        return ptr::null_mut();
+    }
+    let saved = errno();
+    let flags = libc::MREMAP_MAYMOVE | libc::MREMAP_DONTUNMAP;
+    // SAFETY: caller contract; the kernel picks the new address, and the
+    // old range stays mapped (DONTUNMAP).
+    // (The fifth argument, unused without MREMAP_FIXED, must still be
+    // null: since 6.17 the kernel refuses a stray one with EINVAL.)
+    let q = unsafe { libc::mremap(p.cast(), size, size, flags, ptr::null_mut::<c_void>()) };
+    if q != libc::MAP_FAILED {
+        return q.cast();
+    }
+    // Several mappings move together only to a fixed address, since Linux
+    // 6.17; an older kernel would refuse after unmapping the target.
+    if !moves_span_mappings() {
+        set_errno(saved);
+        return ptr::null_mut();
+    }
+    let target = map_anonymous(size);
+    if target.is_null() {
+        set_errno(saved);
+        return target;
+    }
+    // SAFETY: MREMAP_FIXED replaces the mapping just made at `target`.
+    let q = unsafe {
+        libc::mremap(
+            p.cast(),
+            size,
+            size,
+            flags | libc::MREMAP_FIXED,
+            target.cast::<libc::c_void>(),
+        )
+    };
+    set_errno(saved);
+    if q == libc::MAP_FAILED {
+        // The target's state is unknown (a failed move may have unmapped it,
+        // or moved part of the range): it is left alone, never unmapped
+        // over what another thread may have mapped there since. A leak of
+        // address space on a kernel failure, never a corruption.
+        return ptr::null_mut();
+    }
+    target
+}
+
+/// 0: not asked yet; 1: no; 2: yes.
+static MOVES_SPAN_MAPPINGS: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether `mremap` may move a range of several mappings in one call
+/// (Linux 6.17 and later), from `uname` (asked once).
+fn moves_span_mappings() -> bool {
+    match MOVES_SPAN_MAPPINGS.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let yes = kernel_release_at_least(6, 17);
+            MOVES_SPAN_MAPPINGS.store(if yes { 2 } else { 1 }, Ordering::Relaxed);
+            yes
+        }
+    }
+}
+
+/// Whether the running kernel's release is `major.minor` or later (false
+/// when `uname` fails or its release does not start with two numbers).
+fn kernel_release_at_least(major: u32, minor: u32) -> bool {
+    // SAFETY: `utsname` is plain bytes; all zero is a valid value.
+    let mut names: libc::utsname = unsafe { core::mem::zeroed() };
+    // SAFETY: `uname` writes the struct we pass and nothing else.
+    if unsafe { libc::uname(&mut names) } != 0 {
+        return false;
+    }
+    let mut numbers = [0u32; 2];
+    let mut at = 0;
+    for &c in names.release.iter() {
+        let c = c as u8;
+        match c {
+            b'0'..=b'9' => {
+                numbers[at] = numbers[at]
+                    .saturating_mul(10)
+                    .saturating_add(u32::from(c - b'0'))
+            }
+            b'.' if at == 0 => at = 1,
+            _ => break,
+        }
+    }
+    at == 1 && (numbers[0], numbers[1]) >= (major, minor)
+}
+
+/// Move the pages of `[from, from + size)` (a range [`move_pages_out`]
+/// made, or part of one) onto `[to, to + size)`, which they replace; the
+/// source range is gone afterwards. False when the kernel refused (both
+/// unchanged).
+///
+/// # Safety
+/// Both ranges are page-aligned private mappings of ours; nothing uses
+/// `[to, to + size)` and nobody needs what it holds.
+pub unsafe fn move_pages_in(from: *mut u8, size: usize, to: *mut u8) -> bool {
+    if inject(OsCall::Remap) {
+        return false;
+    }
+    let saved = errno();
+    // SAFETY: caller contract; MREMAP_FIXED replaces `[to, to + size)`.
+    let q = unsafe {
+        libc::mremap(
+            from.cast(),
+            size,
+            size,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            to.cast::<libc::c_void>(),
+        )
+    };
+    if q != libc::MAP_FAILED {
+        set_errno(saved);
+        return true;
+    }
+    // A refusal may come after the kernel unmapped `to`: map it again where
+    // it is free, so the caller's range has no hole (where it still is
+    // mapped, this fails and changes nothing).
+    map_where_free(to, size);
+    set_errno(saved);
+    false
 }
 
 /// Move the pages of `[from, from + old)` to `[to, to + new)` (a mapping of
@@ -187,12 +356,16 @@ pub unsafe fn move_mapping(from: *mut u8, old: usize, to: *mut u8, new: usize) -
     if inject(OsCall::Remap) {
         return false;
     }
+    // A plain move (no resize) may span several mappings since Linux 6.17
+    // (a block with pages moved in, `move_pages_in`); the rest of `to`
+    // stays the fresh memory it was.
+    let moved = if moves_span_mappings() { old } else { new };
     // SAFETY: MREMAP_FIXED replaces the caller's reserved range at `to`.
     let q = unsafe {
         libc::mremap(
             from.cast(),
             old,
-            new,
+            moved,
             libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
             to as *mut libc::c_void,
         )
