@@ -276,7 +276,7 @@ unsafe fn try_resize(
             let Some(wanted) = large::large_usable(new_size) else {
                 return ptr::null_mut();
             };
-            let grown = large::large_grow(segment, wanted);
+            let grown = large::large_grow_live(segment, wanted);
             if !grown.is_null() {
                 (*thread_heap()).count_large_resize(usable, wanted);
                 return (*grown).large_block();

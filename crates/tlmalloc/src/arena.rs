@@ -533,6 +533,24 @@ pub fn segment_alloc(kind: SegmentKind) -> *mut Segment {
 /// up; no block of it is used again (pages still in use are a destroyed
 /// user heap's live blocks, which go with it).
 pub unsafe fn segment_free(segment: *mut Segment) {
+    // SAFETY: caller contract.
+    unsafe { segment_free_or_unmap(segment, true) }
+}
+
+/// [`segment_free`] that never keeps the segment in the cache: for a
+/// mapping made of several kernel mappings (a large block that took spare
+/// pages), which a later `mremap` of the whole could not move.
+///
+/// # Safety
+/// As [`segment_free`].
+pub unsafe fn segment_unmap(segment: *mut Segment) {
+    // SAFETY: caller contract.
+    unsafe { segment_free_or_unmap(segment, false) }
+}
+
+/// # Safety
+/// As [`segment_free`].
+unsafe fn segment_free_or_unmap(segment: *mut Segment, cacheable: bool) {
     // SAFETY: `[segment-mapping]`: the caller holds a live header.
     let (base, size) = unsafe {
         (*segment).recommit_purged();
@@ -540,7 +558,7 @@ pub unsafe fn segment_free(segment: *mut Segment) {
     };
     segment_map::set_chunk(segment.cast(), CHUNK_FOREIGN);
     counters::record_segment(false);
-    if size == SEGMENT_SIZE && base == segment.cast() {
+    if cacheable && size == SEGMENT_SIZE && base == segment.cast() {
         // SAFETY: the header stays ours while cached (`[segment-cache]`).
         unsafe {
             (*segment).cached_at_ms = os::now_ms();

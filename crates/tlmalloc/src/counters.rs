@@ -138,6 +138,13 @@ pub(crate) fn record_purge(size: usize) {
     cells::decommitted_bytes.fetch_add(size, Ordering::Relaxed);
 }
 
+/// `size` bytes of mapped memory were emptied without a purge (their
+/// pages moved to a spare range, `spare_pages.rs`): decommitted until
+/// used again, like purged memory.
+pub(crate) fn record_decommit(size: usize) {
+    cells::decommitted_bytes.fetch_add(size, Ordering::Relaxed);
+}
+
 /// Purged memory of `size` bytes is about to be used again, or unmapped:
 /// it counts as committed again (see `committed_bytes` in the stats view).
 pub(crate) fn record_recommit(size: usize) {

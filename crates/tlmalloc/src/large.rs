@@ -291,7 +291,30 @@ pub unsafe fn large_release(segment: *mut Segment) {
             arena::guard_large_end(segment, false);
         }
         (*segment).release_page(0);
-        arena::segment_free(segment);
+        let pieces = (*segment).large_pieces;
+        if pieces == 0 {
+            arena::segment_free(segment);
+        } else {
+            spare_pages::pieces_gone(pieces);
+            arena::segment_unmap(segment); // never moved whole again
+        }
+    }
+}
+
+/// `realloc`'s [`large_grow`] of a live block: the program may write all
+/// of the `usable` bytes, which `large_asked` then covers (so a later
+/// give-back of the excess moves them out or purges them).
+///
+/// # Safety
+/// As [`large_grow`].
+pub unsafe fn large_grow_live(segment: *mut Segment, usable: usize) -> *mut Segment {
+    // SAFETY: caller contract.
+    unsafe {
+        let grown = large_grow(segment, usable);
+        if !grown.is_null() {
+            (*grown).large_asked = (*grown).large_asked.max(usable);
+        }
+        grown
     }
 }
 
@@ -336,6 +359,11 @@ pub unsafe fn large_grow(segment: *mut Segment, usable: usize) -> *mut Segment {
             (*segment).map_size = new_size;
             (*segment).pages[0].block_size = usable;
             return segment;
+        }
+        if (*segment).large_pieces > 0 {
+            // Several kernel mappings: `mremap` cannot move them as one
+            // (before Linux 6.17 it would even unmap the target first).
+            return ptr::null_mut();
         }
         let target = arena::map_large_block(new_size, SEGMENT_SIZE);
         if target.is_null() {
@@ -506,12 +534,37 @@ fn grow_cached(local: &mut LocalLargeCache, usable: usize) -> Option<(*mut Segme
         let filled = filled_end(segment, usable);
         let grown = large_grow(segment, usable);
         if grown.is_null() {
-            if !local.put(segment, || usize::MAX) {
+            if (*segment).large_pieces > 0 {
+                // Several kernel mappings, never moved whole: its pages go
+                // to the spare ranges (the new block mapped for this
+                // request takes them), the block to the OS.
+                give_pages_and_release(segment);
+            } else if !local.put(segment, || usize::MAX) {
                 large_release(segment);
             }
             return None;
         }
         Some((grown, filled))
+    }
+}
+
+/// Release a free large block after moving what its requests wrote to the
+/// spare ranges (as much as they take; the rest goes with the block).
+///
+/// # Safety
+/// The caller holds `segment`, a free large segment out of every cache.
+#[cold]
+unsafe fn give_pages_and_release(segment: *mut Segment) {
+    // SAFETY: caller contract.
+    unsafe {
+        let offset = (*segment).pages[0].area() as usize - segment as usize;
+        let end = round_up(offset + (*segment).large_asked, OS_PAGE_SIZE)
+            .unwrap_or(0)
+            .min((*segment).map_size);
+        if end > offset {
+            let _ = spare_pages::keep(segment.cast::<u8>().add(offset), end - offset);
+        }
+        large_release(segment);
     }
 }
 
@@ -563,7 +616,10 @@ unsafe fn take_spare(segment: *mut Segment, filled: usize, size: usize, zero: bo
     unsafe {
         let asked = (*segment).large_asked;
         (*segment).large_asked = asked.max(size);
-        if spare_pages::bytes() == 0 || (zero && (*segment).zeroed) {
+        if spare_pages::bytes() == 0
+            || (zero && (*segment).zeroed)
+            || (*segment).large_pieces >= spare_pages::PIECES_PER_BLOCK
+        {
             return filled;
         }
         // From where the last uses' requests end: the class rounding past
@@ -579,7 +635,8 @@ unsafe fn take_spare(segment: *mut Segment, filled: usize, size: usize, zero: bo
         if end <= start || end > (*segment).map_size {
             return filled;
         }
-        let moved = spare_pages::fill(segment.cast::<u8>().add(start), end - start);
+        let (moved, pieces) = spare_pages::fill(segment.cast::<u8>().add(start), end - start);
+        (*segment).large_pieces += pieces;
         if moved == 0 {
             return filled;
         }
@@ -693,9 +750,11 @@ unsafe fn give_back_excess(segment: *mut Segment, p: *mut u8, usable: usize, sla
         let asked_end = round_up(offset + (*segment).large_asked, OS_PAGE_SIZE)
             .unwrap_or(map_size)
             .min(touched_end);
+        let mut moved_end = need;
         if asked_end > need + slack
             && spare_pages::keep(segment.cast::<u8>().add(need), asked_end - need)
         {
+            moved_end = asked_end;
             (*segment).large_asked = usable;
             if touched_end - asked_end <= slack {
                 (*segment).large_touched = usable;
@@ -706,14 +765,23 @@ unsafe fn give_back_excess(segment: *mut Segment, p: *mut u8, usable: usize, sla
             (*segment).map_size = keep;
             arena::guard_large_end(segment, true);
         }
+        // The part moved out that is still mapped is empty: committed no
+        // more (the spare range counts the pages now).
+        let emptied = moved_end.min((*segment).map_size).saturating_sub(need);
+        if emptied > 0 {
+            (*segment).large_decommitted += emptied;
+            counters::record_decommit(emptied);
+        }
         let touched_end = offset + (*segment).large_touched;
-        if touched_end > need + slack && need < (*segment).map_size {
-            let end = touched_end.min((*segment).map_size);
-            let start = segment.cast::<u8>().add(need);
+        // (Past what moved out: a program that wrote beyond its requests.)
+        let from = moved_end;
+        let end = touched_end.min((*segment).map_size);
+        if touched_end > need + slack && end > from {
+            let start = segment.cast::<u8>().add(from);
             // Refused: `large_touched` keeps saying the excess is resident,
             // so the next reuse (or the cache's purge) tries again.
-            if arena::purge(start, end - need, false) {
-                (*segment).large_decommitted += end - need;
+            if arena::purge(start, end - from, false) {
+                (*segment).large_decommitted += end - from;
                 (*segment).large_touched = usable;
                 (*segment).large_asked = (*segment).large_asked.min(usable);
             }
@@ -783,7 +851,11 @@ pub unsafe fn recycle(
         let mut local = local;
         let kept = keep_freed(local.as_deref_mut(), segment, stamp_ms, own_live);
         if !kept {
-            large_release(segment);
+            if (*segment).large_pieces > 0 {
+                give_pages_and_release(segment);
+            } else {
+                large_release(segment);
+            }
         }
         // No heap, no count of its own: the purger trims by time.
         if let Some(local) = local {
@@ -811,7 +883,10 @@ unsafe fn keep_freed(
 ) -> bool {
     // SAFETY: caller contract.
     unsafe {
-        let cacheable = large_cacheable(segment);
+        // A block at its limit of moved-in pieces goes back to the OS, so
+        // the kernel mappings it is made of go too.
+        let cacheable =
+            large_cacheable(segment) && (*segment).large_pieces < spare_pages::PIECES_PER_BLOCK;
         // A held cache keeps the blocks its thread allocated, any size; a
         // foreign block goes where it would from any other thread.
         let held = local.as_deref().is_some_and(LocalLargeCache::held) && (*segment).rt_kept;

@@ -178,6 +178,12 @@ pub struct Segment {
     /// bounds it from above). Past the page table: the first 128 bytes are
     /// laid out for the free path.
     pub large_asked: usize,
+    /// Large segments, holder: how many times spare pages were moved into
+    /// the block (`spare_pages.rs`). Non-zero: the mapping may be several
+    /// kernel mappings, which `mremap` can neither resize nor (before
+    /// Linux 6.17) move whole, so the block is never moved and its
+    /// segment never goes back to the segment cache.
+    pub large_pieces: u32,
 }
 
 /// Bytes at the start of a segment taken by its header.
@@ -311,6 +317,7 @@ impl Segment {
             addr_of_mut!((*segment).purged_mask).write(0);
             addr_of_mut!((*segment).large_touched).write(0);
             addr_of_mut!((*segment).large_asked).write(0);
+            addr_of_mut!((*segment).large_pieces).write(0);
             addr_of_mut!((*segment).large_decommitted).write(0);
             addr_of_mut!((*segment).span_epoch).write(0);
             addr_of_mut!((*segment).span_longest_run).write(0);

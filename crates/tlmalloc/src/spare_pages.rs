@@ -21,10 +21,20 @@
 //! it would a cached block.
 //!
 //! Kernel support: `MREMAP_DONTUNMAP` (Linux 5.7) moves the excess out and
-//! leaves its range mapped and empty, so the block keeps no hole; a range
-//! of several kernel mappings (a block that took spare pages before) moves
-//! only on Linux 6.17 and later. Where the kernel refuses, the caller gives
-//! the excess back as before.
+//! leaves its range mapped and empty, so the block keeps no hole. A block
+//! that took spare pages is several kernel mappings, which move together
+//! only on Linux 6.17 and later (before, its excess is given back as
+//! without spare pages). Such a move may fail half done: the source stays
+//! whole (DONTUNMAP), and whatever range it was moving to, or from, is
+//! left mapped and counted, a leak on a kernel failure rather than an
+//! unmap that could hit another thread's new mapping. Where the kernel
+//! refuses, the caller gives the excess back as before.
+//!
+//! Mappings: each move into a block may split its mapping, and the pieces
+//! never merge again. A block takes at most [`PIECES_PER_BLOCK`] moves, all
+//! blocks alive at most `PIECES_MAX`; a block that took any is never moved
+//! whole with `mremap` (a `realloc` past its neighbours copies) and goes
+//! back to the OS, not to the segment cache, when released.
 //!
 //! Invariant `[spare]`: each entry of [`SPARE`] is a private read-write
 //! mapping of ours, `[addr, addr + len)`, page-aligned, that no block and
@@ -36,7 +46,8 @@ use crate::config::OS_PAGE_SIZE;
 use crate::counters;
 use crate::lock::SpinLock;
 use crate::options::{self, Opt};
-use crate::os;
+use crate::os::{self, MovedIn, MovedOut};
+use crate::report;
 use crate::rt_level;
 use crate::sync::{AtomicUsize, Ordering};
 
@@ -45,6 +56,18 @@ use crate::sync::{AtomicUsize, Ordering};
 pub const SPARE_MIN: usize = 256 << 10;
 /// How many ranges the list holds.
 const ENTRIES: usize = 16;
+/// How many times spare pages may be moved into one large block. Each move
+/// may split the block's mapping in up to three kernel mappings, which
+/// never merge again; a block at the limit takes no more, and goes back to
+/// the OS when freed instead of to the recycle cache (`large.rs`).
+pub const PIECES_PER_BLOCK: u32 = 64;
+/// Moves into blocks alive, all blocks together: past this, none is made,
+/// so the process stays far from the kernel's limit of mappings
+/// (`vm.max_map_count`, 65,530 by default).
+const PIECES_MAX: usize = 8192;
+/// Moves into the large blocks alive ([`pieces_gone`] takes back a
+/// released block's).
+static PIECES: AtomicUsize = AtomicUsize::new(0);
 
 #[derive(Clone, Copy)]
 struct Entry {
@@ -52,7 +75,18 @@ struct Entry {
     len: usize,
     /// When it was kept (ms of the purge clock; 0: not stamped).
     since_ms: u64,
+    /// Several kernel mappings (`os::MovedOut::Moved`): a failed move of
+    /// part of it may have moved some of that part, so what was taken out
+    /// for it is left to leak rather than unmapped.
+    spans: bool,
 }
+
+const NO_ENTRY: Entry = Entry {
+    addr: 0,
+    len: 0,
+    since_ms: 0,
+    spans: false,
+};
 
 struct SpareList {
     entries: [Entry; ENTRIES],
@@ -61,11 +95,7 @@ struct SpareList {
 
 /// The spare ranges (`[spare]`), newest last.
 static SPARE: SpinLock<SpareList> = SpinLock::new(SpareList {
-    entries: [Entry {
-        addr: 0,
-        len: 0,
-        since_ms: 0,
-    }; ENTRIES],
+    entries: [NO_ENTRY; ENTRIES],
     count: 0,
 });
 /// Bytes in [`SPARE`] (read without the lock as a hint).
@@ -102,7 +132,9 @@ pub fn set_bound(bound: usize) {
     if BOUND.load(Ordering::Relaxed) != bound {
         BOUND.store(bound, Ordering::Relaxed);
     }
-    if bytes() > bound {
+    // A deferring (realtime) thread enters no kernel and waits on no lock
+    // here: the purger or the next other free releases the excess.
+    if bytes() > bound && !rt_level::defers() {
         release_while(|_, held| held > bound);
     }
 }
@@ -126,17 +158,18 @@ pub unsafe fn keep(p: *mut u8, len: usize) -> bool {
     }
     rt_level::note_kernel_entry();
     // SAFETY: caller contract.
-    let moved = unsafe { os::move_pages_out(p, len) };
-    if moved.is_null() {
-        return false;
-    }
+    let (moved, spans) = match unsafe { os::move_pages_out(p, len) } {
+        MovedOut::Moved { at, spans } => (at, spans),
+        MovedOut::Refused => return false,
+        MovedOut::Leaked { .. } => {
+            // Still mapped, never unmapped: counted as ours for good.
+            counters::record_remap(0, len);
+            return false;
+        }
+    };
     counters::record_remap(0, len); // a new mapping, by `mremap`
     counters::record_spare(len, true);
-    let mut evicted = Entry {
-        addr: 0,
-        len: 0,
-        since_ms: 0,
-    };
+    let mut evicted = NO_ENTRY;
     {
         let mut list = SPARE.lock();
         if list.count == ENTRIES {
@@ -150,6 +183,7 @@ pub unsafe fn keep(p: *mut u8, len: usize) -> bool {
             addr: moved as usize,
             len,
             since_ms: 0,
+            spans,
         };
         list.count += 1;
         BYTES.fetch_add(len, Ordering::Relaxed);
@@ -162,22 +196,36 @@ pub unsafe fn keep(p: *mut u8, len: usize) -> bool {
     true
 }
 
+/// A large block that took `pieces` moves of spare pages was unmapped.
+pub fn pieces_gone(pieces: u32) {
+    PIECES.fetch_sub(pieces as usize, Ordering::Relaxed);
+}
+
 /// Move spare pages onto `[p, p + len)` (page-aligned), from its start:
-/// returns how many bytes now hold spare pages (0 when there were none).
+/// returns how many bytes now hold spare pages (0 when there were none)
+/// and in how many moves (the block's count of pieces grows by that).
 /// What those pages hold is stale: the caller clears what must read zero.
+/// Aborts with a report if the kernel left a hole in the range (a refused
+/// move after it unmapped the target, and the range could not be mapped
+/// again): a block with a hole must never be handed out.
 ///
 /// # Safety
 /// `[p, p + len)` is a read-write range of a mapping of ours with no
 /// resident page anybody needs (what is resident there is dropped).
-pub unsafe fn fill(p: *mut u8, len: usize) -> usize {
-    if bytes() == 0 || len < OS_PAGE_SIZE || !usable_here() {
-        return 0;
+pub unsafe fn fill(p: *mut u8, len: usize) -> (usize, u32) {
+    if bytes() == 0
+        || len < OS_PAGE_SIZE
+        || !usable_here()
+        || PIECES.load(Ordering::Relaxed) >= PIECES_MAX
+    {
+        return (0, 0);
     }
     let mut done = 0;
+    let mut pieces = 0;
     while done < len {
         // Take the newest range (or the tail of it that is needed) out of
         // the list, then move it without the lock.
-        let (from, take) = {
+        let (from, take, spans) = {
             let mut list = SPARE.lock();
             if list.count == 0 {
                 break;
@@ -187,27 +235,36 @@ pub unsafe fn fill(p: *mut u8, len: usize) -> usize {
             let take = entry.len.min(len - done);
             entry.len -= take;
             let from = entry.addr + entry.len;
+            let spans = entry.spans;
             if entry.len == 0 {
                 list.count -= 1;
             }
             BYTES.fetch_sub(take, Ordering::Relaxed);
-            (from, take)
+            (from, take, spans)
         };
         rt_level::note_kernel_entry();
         // SAFETY: `[spare]`: the range taken out is ours alone; the
         // destination is the caller's (contract).
         let moved = unsafe { os::move_pages_in(from as *mut u8, take, p.add(done)) };
-        if !moved {
-            // SAFETY: `[spare]`: still ours, and nobody else's.
-            unsafe { arena::unmap(from as *mut u8, take) };
+        if moved != MovedIn::Moved {
+            if !spans {
+                // SAFETY: `[spare]`: one mapping, which a refused move left
+                // whole: still ours, and nobody else's.
+                unsafe { arena::unmap(from as *mut u8, take) };
+            }
+            if moved == MovedIn::Hole {
+                report::broken("mremap left an unmapped hole in a large block");
+            }
             break;
         }
         // The source range is gone; the destination was counted already.
         counters::record_remap(take, 0);
         counters::record_spare(take, false);
+        PIECES.fetch_add(1, Ordering::Relaxed);
+        pieces += 1;
         done += take;
     }
-    done
+    (done, pieces)
 }
 
 /// For a purge pass: release the ranges kept `delay_ms` or longer (all of

@@ -169,6 +169,9 @@ fn same_size_reuse_maps_nothing() {
 #[test]
 fn smaller_requests_reuse_a_cached_block_and_give_the_excess_back() {
     let _s = serial();
+    // Give-back itself: no spare pages (`tests/spare_pages.rs` keeps them).
+    let _o = OptRestore::save(&[Opt::SpareMax]);
+    options::set(Opt::SpareMax, 0);
     // An 8 MiB block serves every smaller request of the tier (above
     // SPAN_SIZE_MAX), near or far, without a mapping.
     for size in [
@@ -1379,7 +1382,9 @@ fn block_freed_after_idle_period_is_not_released_at_once() {
 #[test]
 fn thread_with_only_large_allocations_uses_local_cache_and_purges() {
     let _s = serial();
-    let _o = OptRestore::save(&[Opt::PurgeDelayMs]);
+    let _o = OptRestore::save(&[Opt::PurgeDelayMs, Opt::SpareMax]);
+    // The purge of a block's excess, not its move to spare pages.
+    options::set(Opt::SpareMax, 0);
     let (kind, stats_after_free) = thread::spawn(|| {
         let p = malloc(6 * MIB);
         free(p);

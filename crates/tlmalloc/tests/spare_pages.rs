@@ -264,3 +264,57 @@ fn collect_releases_the_spare_pages() {
     free(live);
     tlmalloc::collect();
 }
+
+/// Kernel mappings of the process (`/proc/self/maps` lines).
+fn mappings() -> usize {
+    std::fs::read_to_string("/proc/self/maps")
+        .expect("/proc/self/maps")
+        .lines()
+        .count()
+}
+
+/// Each move of spare pages into a block may split its mapping, and the
+/// pieces never merge: a block takes at most 64 moves and is given back
+/// to the OS when freed past that, so 12 buffers replaced 1,500 times stay
+/// far from the kernel's limit of mappings (65,530).
+#[test]
+fn mappings_stay_bounded_over_many_replacements() {
+    let Some(_serial) = clean_start() else { return };
+    let before = mappings();
+    let mut rng = Rng::new(0xB10C);
+    let size = |rng: &mut Rng| 4 * MIB + rng.below(12 * MIB);
+    let mut bufs: Vec<*mut u8> = (0..12)
+        .map(|_| {
+            let s = size(&mut rng);
+            let p = malloc(s);
+            touch_pages(p, s);
+            p
+        })
+        .collect();
+    let (_, reused0) = spare_counts();
+    let mut most = 0;
+    for round in 0..1500 {
+        let j = rng.below(bufs.len());
+        free(bufs[j]);
+        let s = size(&mut rng);
+        bufs[j] = malloc(s);
+        touch_pages(bufs[j], s);
+        if round % 100 == 0 {
+            most = most.max(mappings());
+        }
+    }
+    let (_, reused1) = spare_counts();
+    eprintln!(
+        "mappings: {before} before, at most {most} during; {} MiB of spare pages reused",
+        (reused1 - reused0) / MIB
+    );
+    assert!(reused1 > reused0, "no spare page was ever reused");
+    assert!(
+        most < before + 12 * 3 * 64 + 64,
+        "{most} mappings (from {before}): more than 64 moves' worth per block"
+    );
+    for p in bufs {
+        free(p);
+    }
+    tlmalloc::collect();
+}

@@ -206,40 +206,57 @@ fn map_where_free(p: *mut u8, size: usize) -> bool {
     false
 }
 
-/// Move the pages of `[p, p + size)` (resident ones, of any number of
-/// kernel mappings of ours) to a new range of their own, leaving
-/// `[p, p + size)` mapped and empty (it reads as zero again):
-/// `MREMAP_DONTUNMAP`, so no page is copied, zeroed or faulted. Returns the
-/// new range, or null when the kernel cannot (before Linux 5.7, or, before
-/// 6.17, a range of several mappings); nothing changed then.
+/// What [`move_pages_out`] did.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum MovedOut {
+    /// The pages are at the new range; `spans`: it is several kernel
+    /// mappings (moved together, Linux 6.17 and later), which a later move
+    /// of part of it may leave half done.
+    Moved { at: *mut u8, spans: bool },
+    /// Nothing changed.
+    Refused,
+    /// A move of several mappings failed: the source is whole (still
+    /// mapped, `MREMAP_DONTUNMAP`), but the fixed target of `size` bytes
+    /// at `at` may hold part of its pages, or holes. It is left to leak:
+    /// unmapping it could hit what another thread mapped in a hole since.
+    Leaked { at: *mut u8 },
+}
+
+/// Move the pages of `[p, p + size)` (resident ones) to a new range of
+/// their own, leaving `[p, p + size)` mapped and empty (it reads as zero
+/// again): `MREMAP_DONTUNMAP` (Linux 5.7), so no page is copied, zeroed or
+/// faulted. A range of one kernel mapping moves where the kernel likes; a
+/// range of several moves to a fixed target, on Linux 6.17 and later only
+/// (an older kernel refuses after unmapping the target).
 ///
 /// # Safety
 /// The range is a page-aligned read-write private mapping of ours whose
 /// contents nobody needs.
-pub unsafe fn move_pages_out(p: *mut u8, size: usize) -> *mut u8 {
+pub unsafe fn move_pages_out(p: *mut u8, size: usize) -> MovedOut {
     if inject(OsCall::Remap) {
-        return ptr::null_mut();
+        return MovedOut::Refused;
     }
     let saved = errno();
     let flags = libc::MREMAP_MAYMOVE | libc::MREMAP_DONTUNMAP;
     // SAFETY: caller contract; the kernel picks the new address, and the
-    // old range stays mapped (DONTUNMAP).
-    // (The fifth argument, unused without MREMAP_FIXED, must still be
-    // null: since 6.17 the kernel refuses a stray one with EINVAL.)
+    // old range stays mapped (DONTUNMAP). (The fifth argument, unused
+    // without MREMAP_FIXED, must still be null: since 6.17 the kernel
+    // refuses a stray one with EINVAL.)
     let q = unsafe { libc::mremap(p.cast(), size, size, flags, ptr::null_mut::<c_void>()) };
     if q != libc::MAP_FAILED {
-        return q.cast();
+        return MovedOut::Moved {
+            at: q.cast(),
+            spans: false,
+        };
     }
-    // Several mappings move together only to a fixed address, since Linux
-    // 6.17; an older kernel would refuse after unmapping the target.
     if !moves_span_mappings() {
         set_errno(saved);
-        return ptr::null_mut();
+        return MovedOut::Refused;
     }
     let target = map_anonymous(size);
     if target.is_null() {
         set_errno(saved);
-        return target;
+        return MovedOut::Refused;
     }
     // SAFETY: MREMAP_FIXED replaces the mapping just made at `target`.
     let q = unsafe {
@@ -253,13 +270,12 @@ pub unsafe fn move_pages_out(p: *mut u8, size: usize) -> *mut u8 {
     };
     set_errno(saved);
     if q == libc::MAP_FAILED {
-        // The target's state is unknown (a failed move may have unmapped it,
-        // or moved part of the range): it is left alone, never unmapped
-        // over what another thread may have mapped there since. A leak of
-        // address space on a kernel failure, never a corruption.
-        return ptr::null_mut();
+        return MovedOut::Leaked { at: target };
     }
-    target
+    MovedOut::Moved {
+        at: target,
+        spans: true,
+    }
 }
 
 /// 0: not asked yet; 1: no; 2: yes.
@@ -305,17 +321,29 @@ fn kernel_release_at_least(major: u32, minor: u32) -> bool {
     at == 1 && (numbers[0], numbers[1]) >= (major, minor)
 }
 
+/// What [`move_pages_in`] did.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum MovedIn {
+    /// The pages are at `to`; the source range is gone.
+    Moved,
+    /// The kernel refused; `to` is mapped (as before, or mapped again
+    /// empty), the source is as before.
+    Refused,
+    /// The kernel refused after unmapping `to`, and `to` could not be
+    /// mapped again: a hole the caller must not hand out.
+    Hole,
+}
+
 /// Move the pages of `[from, from + size)` (a range [`move_pages_out`]
-/// made, or part of one) onto `[to, to + size)`, which they replace; the
-/// source range is gone afterwards. False when the kernel refused (both
-/// unchanged).
+/// made, or part of one) onto `[to, to + size)`, which they replace.
 ///
 /// # Safety
-/// Both ranges are page-aligned private mappings of ours; nothing uses
-/// `[to, to + size)` and nobody needs what it holds.
-pub unsafe fn move_pages_in(from: *mut u8, size: usize, to: *mut u8) -> bool {
+/// Both ranges are page-aligned private mappings of ours (`from` of
+/// several kernel mappings only where [`move_pages_out`] made it so);
+/// nothing uses `[to, to + size)` and nobody needs what it holds.
+pub unsafe fn move_pages_in(from: *mut u8, size: usize, to: *mut u8) -> MovedIn {
     if inject(OsCall::Remap) {
-        return false;
+        return MovedIn::Refused;
     }
     let saved = errno();
     // SAFETY: caller contract; MREMAP_FIXED replaces `[to, to + size)`.
@@ -328,16 +356,37 @@ pub unsafe fn move_pages_in(from: *mut u8, size: usize, to: *mut u8) -> bool {
             to.cast::<libc::c_void>(),
         )
     };
-    if q != libc::MAP_FAILED {
-        set_errno(saved);
-        return true;
-    }
-    // A refusal may come after the kernel unmapped `to`: map it again where
-    // it is free, so the caller's range has no hole (where it still is
-    // mapped, this fails and changes nothing).
-    map_where_free(to, size);
+    let result = if q != libc::MAP_FAILED {
+        MovedIn::Moved
+    } else if range_mapped(to, size) || map_where_free(to, size) {
+        // A late refusal (the kernel's own allocation) comes after `to` was
+        // unmapped: mapped again where it is free, the range has no hole.
+        MovedIn::Refused
+    } else {
+        MovedIn::Hole
+    };
     set_errno(saved);
-    false
+    result
+}
+
+/// Whether every page of `[p, p + size)` (page-aligned) is mapped:
+/// `mincore` fails with ENOMEM on a range with a gap. (Only after a
+/// refused move: 64 pages a call.)
+fn range_mapped(p: *mut u8, size: usize) -> bool {
+    const PAGE: usize = 4096; // the core's `OS_PAGE_SIZE` (this layer imports no config)
+    let mut residency = [0u8; 64];
+    let mut at = 0;
+    while at < size {
+        let len = (size - at).min(residency.len() * PAGE);
+        // SAFETY: `mincore` writes one byte per page of the range, at most
+        // 64, into `residency`; it reads no memory of the range.
+        let rc = unsafe { libc::mincore(p.add(at).cast(), len, residency.as_mut_ptr()) };
+        if rc != 0 {
+            return false;
+        }
+        at += len;
+    }
+    true
 }
 
 /// Move the pages of `[from, from + old)` to `[to, to + new)` (a mapping of
@@ -356,16 +405,12 @@ pub unsafe fn move_mapping(from: *mut u8, old: usize, to: *mut u8, new: usize) -
     if inject(OsCall::Remap) {
         return false;
     }
-    // A plain move (no resize) may span several mappings since Linux 6.17
-    // (a block with pages moved in, `move_pages_in`); the rest of `to`
-    // stays the fresh memory it was.
-    let moved = if moves_span_mappings() { old } else { new };
     // SAFETY: MREMAP_FIXED replaces the caller's reserved range at `to`.
     let q = unsafe {
         libc::mremap(
             from.cast(),
             old,
-            moved,
+            new,
             libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
             to as *mut libc::c_void,
         )
