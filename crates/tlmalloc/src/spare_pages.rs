@@ -247,9 +247,9 @@ pub unsafe fn fill(p: *mut u8, len: usize) -> (usize, u32) {
         // destination is the caller's (contract).
         let moved = unsafe { os::move_pages_in(from as *mut u8, take, p.add(done)) };
         if moved != MovedIn::Moved {
-            if !spans {
+            if !spans || moved == MovedIn::Untried {
                 // SAFETY: `[spare]`: one mapping, which a refused move left
-                // whole: still ours, and nobody else's.
+                // whole (or nothing was tried): still ours, nobody else's.
                 unsafe { arena::unmap(from as *mut u8, take) };
             }
             if moved == MovedIn::Hole {

@@ -326,6 +326,8 @@ fn kernel_release_at_least(major: u32, minor: u32) -> bool {
 pub enum MovedIn {
     /// The pages are at `to`; the source range is gone.
     Moved,
+    /// Nothing was tried (an injected failure): both ranges are as before.
+    Untried,
     /// The kernel refused; `to` is mapped (as before, or mapped again
     /// empty), the source is as before.
     Refused,
@@ -343,7 +345,7 @@ pub enum MovedIn {
 /// nothing uses `[to, to + size)` and nobody needs what it holds.
 pub unsafe fn move_pages_in(from: *mut u8, size: usize, to: *mut u8) -> MovedIn {
     if inject(OsCall::Remap) {
-        return MovedIn::Refused;
+        return MovedIn::Untried;
     }
     let saved = errno();
     // SAFETY: caller contract; MREMAP_FIXED replaces `[to, to + size)`.
