@@ -273,30 +273,22 @@ pub fn release_idle(now_ms: u64, delay_ms: u64, force: bool) {
     if bytes() == 0 {
         return;
     }
-    if force {
-        release_while(|_, _| true);
-        return;
-    }
-    release_while(|entry, _| {
-        if entry.since_ms == 0 {
+    if !force {
+        let mut list = SPARE.lock();
+        let n = list.count;
+        for entry in list.entries[..n].iter_mut().filter(|e| e.since_ms == 0) {
             entry.since_ms = now_ms.max(1);
         }
-        now_ms.saturating_sub(entry.since_ms) >= delay_ms
-    });
+    }
+    release_while(|entry, _| force || now_ms.saturating_sub(entry.since_ms) >= delay_ms);
 }
 
-/// Release ranges, oldest first, while `more(entry, bytes held)` says so.
-fn release_while(mut more: impl FnMut(&mut Entry, usize) -> bool) {
+/// Release ranges, oldest first, while `more(oldest entry, bytes held)`.
+fn release_while(mut more: impl FnMut(&Entry, usize) -> bool) {
     loop {
         let entry = {
             let mut list = SPARE.lock();
-            let held = BYTES.load(Ordering::Relaxed);
-            if list.count == 0 || !more(&mut list.entries[0], held) {
-                // Stamp the rest for the next pass (purge passes only).
-                let n = list.count;
-                for entry in list.entries[1..n.max(1)].iter_mut() {
-                    let _ = more(entry, held);
-                }
+            if list.count == 0 || !more(&list.entries[0], BYTES.load(Ordering::Relaxed)) {
                 return;
             }
             let entry = list.entries[0];
