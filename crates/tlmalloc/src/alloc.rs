@@ -425,7 +425,7 @@ fn fresh_page(heap: &ThreadHeap, state: &mut HeapState, class: usize) -> *mut Pa
     }
     // SAFETY: `[segment-lists]`: a segment on our avail list is ours and has a free slot.
     unsafe {
-        let Some((index, untouched_from)) = (*segment).claim_page() else {
+        let Some((index, untouched_from)) = (*segment).claim_page(class as u8) else {
             report::broken("a segment on an avail list has no free page");
         };
         counters::record_page(1usize << (*segment).page_shift, true);
