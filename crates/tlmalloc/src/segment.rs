@@ -185,10 +185,15 @@ pub struct Segment {
     /// segment never goes back to the segment cache.
     pub large_pieces: u32,
     /// Small and medium segments, holder: the class of the last page each
-    /// slot held (any value for a slot never used): which free slot a page
-    /// takes (`slot_for`). Not reset by `init`, so it outlives a stay in
-    /// the arena's cache as `written` does; one cache line to scan.
+    /// slot of `slot_class_set` held: which free slot a page takes
+    /// (`slot_for`). Neither is reset by `init`, so they outlive a stay in
+    /// the arena's cache as `written` does (a fresh mapping's zeros: no
+    /// slot used yet; a slot last used by another kind of segment names a
+    /// class it never held, a harmless preference).
     pub slot_class: [u8; PAGES_PER_SEGMENT],
+    /// Small and medium segments, holder: the slots whose `slot_class` was
+    /// recorded.
+    pub slot_class_set: u64,
 }
 
 /// Bytes at the start of a segment taken by its header.
@@ -374,6 +379,7 @@ impl Segment {
         let index = self.slot_for(class);
         // No panic: `index < 64 == slot_class.len()` (a bit of a u64 mask).
         self.slot_class[index] = class;
+        self.slot_class_set |= 1u64 << index;
         let bit = 1u64 << index;
         let slot = index << self.page_shift;
         let untouched_from = self
@@ -398,18 +404,20 @@ impl Segment {
     /// in time, and a segment whose pages hold 1.1 MB of blocks keeps
     /// 3.6 MiB resident (`churn`); kept to one class, a slot stays as
     /// written as that class needs. (`slot_class` outlives the segment's
-    /// stay in the arena's cache.) One cache line read, once per fresh page.
+    /// stay in the arena's cache.) Only free slots that held a page are
+    /// looked at: none in a segment being filled for the first time
+    /// (`fresh-tail`'s refills), one cache line at most.
     fn slot_for(&self, class: u8) -> usize {
-        let mut same = 0u64;
-        for (index, &c) in self.slot_class.iter().enumerate() {
-            same |= u64::from(c == class) << index;
+        let mut used_before = self.free_mask & self.slot_class_set;
+        while used_before != 0 {
+            let index = used_before.trailing_zeros() as usize;
+            used_before &= used_before - 1;
+            // No panic: `index < 64 == slot_class.len()` (a bit of a u64 mask).
+            if self.slot_class[index] == class {
+                return index;
+            }
         }
-        let preferred = self.free_mask & same;
-        if preferred != 0 {
-            preferred.trailing_zeros() as usize
-        } else {
-            self.free_mask.trailing_zeros() as usize
-        }
+        self.free_mask.trailing_zeros() as usize
     }
 
     /// The bytes of page slot `index` a purge gives back: its start and
