@@ -192,7 +192,9 @@ pub struct Segment {
     /// class it never held, a harmless preference).
     pub slot_class: [u8; PAGES_PER_SEGMENT],
     /// Small and medium segments, holder: the slots whose `slot_class` was
-    /// recorded.
+    /// recorded. So that a fresh mapping's zeros name no class (class 0 is
+    /// a class), and so that `slot_for` looks only at slots that held a
+    /// page: none while a segment is filled the first time.
     pub slot_class_set: u64,
 }
 
@@ -288,7 +290,10 @@ impl Segment {
     /// then only the slots `kind` uses. The header reads `zeroed` true
     /// when `memory_zeroed` is. Without `memory_zeroed`, `written` is kept
     /// as it was: the memory holds the header of a standard segment back
-    /// from the cache, whose record of written pages is still true.
+    /// from the cache, whose record of written pages is still true. So are
+    /// `slot_class` and `slot_class_set`, never written here: what a slot
+    /// last held outlives the cache, and fresh memory's zeros say no slot
+    /// held a page yet.
     ///
     /// # Safety
     /// `segment` points to at least `SEGMENT_HEADER_SIZE` writable bytes,
@@ -396,7 +401,9 @@ impl Segment {
     }
 
     /// The free slot a page of `class` takes: the lowest whose last page
-    /// was of that class, else the lowest. Why: a slot keeps what its pages
+    /// was of that class; else, in a medium segment, the one whose written
+    /// memory fits a block best ([`Segment::best_written_fit`]); else the
+    /// lowest. Why: a slot keeps what its pages
     /// wrote resident until a purge, and a page writes as far as its
     /// class's blocks reach. Taken by whatever class comes first, each
     /// slot of a heap that comes and goes (a thread per task, a heap handed
@@ -441,8 +448,10 @@ impl Segment {
         while free != 0 {
             let index = free.trailing_zeros() as usize;
             free &= free - 1;
-            let start = index * slot_size;
-            let written = self.written.written_end(start, start + slot_size) - start;
+            // (Slot 0's blocks start past the header, whose pages are
+            // always written.)
+            let start = (index * slot_size).max(METADATA_END);
+            let written = self.written.written_end(start, (index + 1) * slot_size) - start;
             if written >= need && written < fit.0 {
                 fit = (written, index);
             }

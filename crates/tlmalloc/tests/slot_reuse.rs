@@ -1,25 +1,34 @@
 //! A page slot goes back to the class that last used it: a heap whose pages
-//! empty and come back in another order (a thread per task, a heap handed
-//! to the next thread, a program's phases) keeps resident what its classes
-//! write, instead of every slot it ever used written to its end.
+//! empty and come back in another order (a thread per task, a segment
+//! handed from thread to thread) keeps resident what its classes write,
+//! instead of every slot it ever used written to its end. And a medium
+//! page with no slot of its class takes the one whose written memory fits
+//! its block best.
 //!
 //! The pattern: 24 small classes, half of them filling most of a 64 KiB
-//! page (56 KiB of blocks), half writing one block; each round allocates
-//! them all in a new random order, writes every byte, then frees them all
+//! page (56 KiB of blocks), half writing one block; each round, on a
+//! thread of its own, allocates them all in a new random order, writes
+//! every byte, keeps a few blocks for the next round and frees the rest
 //! (the emptied pages go back to their segment). Taking the lowest free
 //! slot, each slot was written to its end by one big class or another
 //! within a few rounds; kept to its class, a slot stays as written as that
 //! class needs. The residency is read with `mincore` over the segments the
-//! blocks live in, so nothing else in the process blurs it.
+//! blocks live in, so nothing else in the process blurs it. Two ways the
+//! segment reaches the next round's thread are tried: through the arena's
+//! segment cache (the next round frees the kept blocks first, which
+//! releases the segment) and by adoption (it frees them last).
 //!
 //! Its own test binary: nothing else allocates from tlmalloc here.
 
 mod common;
 
 use std::collections::BTreeSet;
+use std::mem::MaybeUninit;
 use std::thread;
 
-use common::{resident_pages, serial_alone, Rng, KIB, PAGE};
+use tlmalloc::segment::{Segment, SegmentKind};
+
+use common::{assert_child_printed, resident_pages, run_child, serial_alone, Rng, KIB, PAGE};
 
 /// Rounds of the pattern.
 const ROUNDS: usize = 60;
@@ -52,24 +61,32 @@ fn classes() -> Vec<(usize, usize)> {
         .collect()
 }
 
-/// One round, on a thread of its own: frees the blocks the previous round
-/// left (`baton`), then allocates every class's blocks in the order
-/// `order`, each written whole, keeps the first few for the next round
-/// and frees the rest. The thread's exit abandons its segment, with the
-/// kept blocks in it, and the next round's heap adopts it: its emptied
-/// pages are released then, and its slots taken again in the new order.
-/// Returns the kept blocks and the segments the blocks were in.
+/// One round, on a thread of its own: allocates every class's blocks in
+/// the order `order`, each written whole, keeps the last few for the next
+/// round and frees the rest; frees the blocks the previous round kept
+/// (`baton`) before it allocates (`baton_first`: their segment, emptied,
+/// goes to the arena's cache and back to this thread from there) or after
+/// (the segment was abandoned with them when the previous round's thread
+/// exited, and this thread adopts it). Returns the kept blocks and the
+/// segments the blocks were in.
 fn round(
     classes: &[(usize, usize)],
     order: &[usize],
     baton: Vec<usize>,
+    baton_first: bool,
 ) -> (Vec<usize>, BTreeSet<usize>) {
+    let free_all = |blocks: Vec<usize>| {
+        for p in blocks {
+            // SAFETY: a live block of ours, freed once.
+            unsafe { tlmalloc::free(p as *mut u8) };
+        }
+    };
     thread::scope(|scope| {
         scope
             .spawn(|| {
-                for p in baton {
-                    // SAFETY: a block the previous round kept, freed once.
-                    unsafe { tlmalloc::free(p as *mut u8) };
+                let mut baton = Some(baton);
+                if baton_first {
+                    free_all(baton.take().unwrap_or_default());
                 }
                 let mut live = Vec::new();
                 let mut segments = BTreeSet::new();
@@ -85,10 +102,8 @@ fn round(
                     }
                 }
                 let kept = live.split_off(live.len() - KEPT);
-                for p in live {
-                    // SAFETY: a live block of ours, freed once.
-                    unsafe { tlmalloc::free(p as *mut u8) };
-                }
+                free_all(live);
+                free_all(baton.take().unwrap_or_default());
                 (kept, segments)
             })
             .join()
@@ -104,17 +119,18 @@ fn resident(segments: &BTreeSet<usize>) -> usize {
         .sum()
 }
 
-#[test]
-fn emptied_pages_come_back_to_their_classes_slots() {
-    let _guard = serial_alone();
+/// Runs the pattern; returns the residency after the first and the last
+/// round, the segments and how many segments were adopted meanwhile.
+fn run_pattern(baton_first: bool) -> (usize, usize, usize, u64) {
     let classes = classes();
     let mut rng = Rng::new(0x5107);
     let mut order: Vec<usize> = (0..classes.len()).collect();
-    let (mut baton, mut segments) = round(&classes, &order, Vec::new());
+    let adopted_before = tlmalloc::stats::os_stats().segments_adopted;
+    let (mut baton, mut segments) = round(&classes, &order, Vec::new(), baton_first);
     let first = resident(&segments);
     for _ in 1..ROUNDS {
         rng.shuffle(&mut order);
-        let (kept, used) = round(&classes, &order, baton);
+        let (kept, used) = round(&classes, &order, baton, baton_first);
         baton = kept;
         segments.extend(used);
     }
@@ -123,23 +139,117 @@ fn emptied_pages_come_back_to_their_classes_slots() {
         // SAFETY: the last round's kept blocks, freed once.
         unsafe { tlmalloc::free(p as *mut u8) };
     }
+    let adopted = (tlmalloc::stats::os_stats().segments_adopted - adopted_before) as u64;
     let written: usize = classes.iter().map(|&(s, n)| s * n).sum();
     println!(
-        "slot reuse: {} segment(s); resident after the first round {} KiB, \
-         after {ROUNDS} rounds {} KiB ({} KiB of blocks a round)",
+        "slot reuse ({}): {} segment(s), {adopted} adopted; resident after the \
+         first round {} KiB, after {ROUNDS} rounds {} KiB ({} KiB of blocks a round)",
+        if baton_first {
+            "through the cache"
+        } else {
+            "by adoption"
+        },
         segments.len(),
         first * PAGE / KIB,
         last * PAGE / KIB,
         written / KIB
     );
-    // Lowest free slot first, this grew from 744 KiB to 1,596 KiB (every
-    // slot a big class had written to its end); kept to
-    // their classes, slots grow by a few pages at most (a class's
-    // extension unit, a retired page the free path kept).
+    (first, last, segments.len(), adopted)
+}
+
+/// Which variant a child process runs (see [`in_child`]).
+const CASE_VAR: &str = "TLMALLOC_TEST_SLOT_REUSE";
+
+/// Run `variant` of the pattern in a child process of its own (a fresh
+/// segment: another variant run first in this process would have written
+/// its slots), which checks its figures itself.
+fn in_child(test_name: &str, variant: &str) {
+    let out = run_child(test_name, CASE_VAR, variant);
+    assert_child_printed(&out, "slot reuse (");
+}
+
+/// Through the cache, the pattern grew from 744 KiB to 1,596 KiB when the
+/// lowest free slot was taken first (every slot a big class had written
+/// to its end); kept to their classes, slots grow by a few pages at most
+/// (a class's extension unit, a retired page the free path kept): 764 KiB.
+#[test]
+fn emptied_pages_come_back_to_their_classes_slots_through_the_cache() {
+    const NAME: &str = "emptied_pages_come_back_to_their_classes_slots_through_the_cache";
+    if std::env::var(CASE_VAR).is_err() {
+        return in_child(NAME, "cache");
+    }
+    let _guard = serial_alone();
+    let (first, last, _, _) = run_pattern(true);
     assert!(
         last <= first + 128 * KIB / PAGE,
         "resident memory grew from {} KiB to {} KiB over {ROUNDS} rounds",
         first * PAGE / KIB,
         last * PAGE / KIB
     );
+}
+
+/// By adoption, a round's first pages share the slot of the blocks the
+/// previous round kept, so a class needs a second page now and then
+/// (and takes the lowest free slot, another class's): 744 → 1,184 KiB,
+/// against 1,656 KiB when the lowest free slot was always taken first.
+#[test]
+fn emptied_pages_come_back_to_their_classes_slots_by_adoption() {
+    const NAME: &str = "emptied_pages_come_back_to_their_classes_slots_by_adoption";
+    if std::env::var(CASE_VAR).is_err() {
+        return in_child(NAME, "adoption");
+    }
+    let _guard = serial_alone();
+    let (first, last, _, adopted) = run_pattern(false);
+    assert!(
+        adopted >= ROUNDS as u64 / 2,
+        "the rounds' segments were adopted {adopted} times in {ROUNDS} rounds"
+    );
+    assert!(
+        last <= first + 512 * KIB / PAGE,
+        "resident memory grew from {} KiB to {} KiB over {ROUNDS} rounds",
+        first * PAGE / KIB,
+        last * PAGE / KIB
+    );
+}
+
+/// A medium segment's header, as fresh from the OS (zeroed), written by
+/// the real initialiser; only its header is used (nothing touches the
+/// pretend mapping behind it).
+fn medium_header() -> Box<MaybeUninit<Segment>> {
+    let mut memory: Box<MaybeUninit<Segment>> = Box::new(MaybeUninit::zeroed());
+    let segment = memory.as_mut_ptr();
+    // SAFETY: fresh, writable, aligned memory for one header, all zero.
+    unsafe { Segment::init(segment, SegmentKind::Medium, segment.cast(), SEGMENT, true) };
+    memory
+}
+
+#[test]
+fn a_medium_page_takes_the_slot_whose_written_memory_fits_its_block() {
+    let mut memory = medium_header();
+    // SAFETY: initialised by `medium_header`.
+    let segment = unsafe { memory.assume_init_mut() };
+    let slot = 1usize << segment.page_shift;
+    // Slots 1, 2 and 3 were written 32, 160 and 480 KiB from their start
+    // by earlier pages; the others (slot 0 past its header) never were.
+    for (index, written) in [(1, 32 * KIB), (2, 160 * KIB), (3, 480 * KIB)] {
+        segment.written.mark(index * slot, index * slot + written);
+    }
+    let class_for = |size: usize| tlmalloc::size_class::class_of(size) as u8;
+    let claim = |segment: &mut Segment, size: usize| segment.claim_page(class_for(size)).unwrap().0;
+    // A block of 128 KiB: slot 2 holds it with the least written memory.
+    assert_eq!(claim(segment, 128 * KIB), 2);
+    // 16 KiB: slot 1.
+    assert_eq!(claim(segment, 16 * KIB), 1);
+    // 256 KiB: slot 3, the only one left that holds it.
+    assert_eq!(claim(segment, 256 * KIB), 3);
+    // None written is left: the lowest free slot.
+    assert_eq!(claim(segment, 64 * KIB), 0);
+    // Slot 5 was written 140 KiB meanwhile (as a page there would have):
+    // a better fit for 128 KiB than slot 2's 160. Released, slot 2 still
+    // goes back to its class first.
+    segment.written.mark(5 * slot, 5 * slot + 140 * KIB);
+    assert!(!segment.release_page(2));
+    assert_eq!(claim(segment, 128 * KIB), 2);
+    // A class no free slot held: the best fit, slot 5.
+    assert_eq!(claim(segment, 100 * KIB), 5);
 }
