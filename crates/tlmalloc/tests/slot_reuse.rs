@@ -168,23 +168,46 @@ fn in_child(test_name: &str, variant: &str) {
     assert_child_printed(&out, "slot reuse (");
 }
 
+/// The pattern in `variant`'s way (`baton_first`, see [`round`]), in a
+/// child process of its own; there, its resident memory may grow by
+/// `growth_max` bytes at most over the rounds, and its segments must have
+/// been adopted at least `adopted_min` times.
+fn check_growth(
+    test_name: &str,
+    variant: &str,
+    baton_first: bool,
+    growth_max: usize,
+    adopted_min: u64,
+) {
+    if std::env::var(CASE_VAR).is_err() {
+        return in_child(test_name, variant);
+    }
+    let _guard = serial_alone();
+    let (first, last, _, adopted) = run_pattern(baton_first);
+    assert!(
+        adopted >= adopted_min,
+        "the rounds' segments were adopted {adopted} times in {ROUNDS} rounds"
+    );
+    assert!(
+        last <= first + growth_max / PAGE,
+        "resident memory grew from {} KiB to {} KiB over {ROUNDS} rounds",
+        first * PAGE / KIB,
+        last * PAGE / KIB
+    );
+}
+
 /// Through the cache, the pattern grew from 744 KiB to 1,596 KiB when the
 /// lowest free slot was taken first (every slot a big class had written
 /// to its end); kept to their classes, slots grow by a few pages at most
 /// (a class's extension unit, a retired page the free path kept): 764 KiB.
 #[test]
 fn emptied_pages_come_back_to_their_classes_slots_through_the_cache() {
-    const NAME: &str = "emptied_pages_come_back_to_their_classes_slots_through_the_cache";
-    if std::env::var(CASE_VAR).is_err() {
-        return in_child(NAME, "cache");
-    }
-    let _guard = serial_alone();
-    let (first, last, _, _) = run_pattern(true);
-    assert!(
-        last <= first + 128 * KIB / PAGE,
-        "resident memory grew from {} KiB to {} KiB over {ROUNDS} rounds",
-        first * PAGE / KIB,
-        last * PAGE / KIB
+    check_growth(
+        "emptied_pages_come_back_to_their_classes_slots_through_the_cache",
+        "cache",
+        true,
+        128 * KIB,
+        0,
     );
 }
 
@@ -194,21 +217,12 @@ fn emptied_pages_come_back_to_their_classes_slots_through_the_cache() {
 /// against 1,656 KiB when the lowest free slot was always taken first.
 #[test]
 fn emptied_pages_come_back_to_their_classes_slots_by_adoption() {
-    const NAME: &str = "emptied_pages_come_back_to_their_classes_slots_by_adoption";
-    if std::env::var(CASE_VAR).is_err() {
-        return in_child(NAME, "adoption");
-    }
-    let _guard = serial_alone();
-    let (first, last, _, adopted) = run_pattern(false);
-    assert!(
-        adopted >= ROUNDS as u64 / 2,
-        "the rounds' segments were adopted {adopted} times in {ROUNDS} rounds"
-    );
-    assert!(
-        last <= first + 512 * KIB / PAGE,
-        "resident memory grew from {} KiB to {} KiB over {ROUNDS} rounds",
-        first * PAGE / KIB,
-        last * PAGE / KIB
+    check_growth(
+        "emptied_pages_come_back_to_their_classes_slots_by_adoption",
+        "adoption",
+        false,
+        512 * KIB,
+        ROUNDS as u64 / 2,
     );
 }
 
