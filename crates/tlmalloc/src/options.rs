@@ -5,7 +5,7 @@
 //!
 //! | variable | default | unit | meaning |
 //! |---|---|---|---|
-//! | `TLMALLOC_PURGE_DELAY_MS` | 1000 | ms | how long a free page, empty segment or cached large block stays resident before it is purged (cached blocks are unmapped after 8× this; the segment cache and the span tier also purge what their own traffic leaves unused); 0 purges at the next check |
+//! | `TLMALLOC_PURGE_DELAY_MS` | 250 | ms | how long a free page, empty segment or cached large block stays resident before it is purged (cached blocks are unmapped after 8× this; the segment cache and the span tier also purge what their own traffic leaves unused); 0 purges at the next check |
 //! | `TLMALLOC_PURGE_MODE` | `dontneed` | word | `dontneed` (`MADV_DONTNEED`: RSS drops at once, pages read back zero) or `free` (`MADV_FREE`: the kernel reclaims lazily) |
 //! | `TLMALLOC_LARGE_CACHE_MAX` | `512m` | bytes | the most bytes of freed large blocks kept for reuse: the shared level holds up to twice the live large footprint (at least 8 MiB, at most this), each thread a quarter of that in 8 slots (always one block); when the footprint falls, a free releases what its thread's level holds beyond that bound besides the block it just freed, and the shared level's excess too while the process has never had a second thread |
 //! | `TLMALLOC_MAX_RESERVED` | 0 (none) | bytes | cap on bytes mapped from the OS; a request beyond it gets null |
@@ -102,7 +102,13 @@ macro_rules! options {
 options! {
     PurgeDelayMs {
         env: "TLMALLOC_PURGE_DELAY_MS",
-        default: 1000,
+        // 250 ms: a free of everything followed by a pause is back to the
+        // OS within a third of a second (the background purger passes every
+        // delay/4), where 1000 held it through the half-second settles of
+        // `thread-recreate`, `churn` and `server` (18.8 MiB against glibc's
+        // 9.0); in steady loops a page is reused long before 250 ms, so no
+        // workload of `tlmalloc bench` lost time beyond noise.
+        default: 250,
         unit: "ms",
         parse: parse_decimal,
         show: show_number,
@@ -714,12 +720,13 @@ mod tests {
 
     #[test]
     fn values_show_as_their_parser_reads_them() {
-        let cases: [(Opt, usize, &[u8]); 8] = [
+        let cases: [(Opt, usize, &[u8]); 9] = [
             (Opt::LargeCacheMax, 512 << 20, b"512m"),
             (Opt::LargeCacheMax, 3 << 30, b"3g"),
             (Opt::LargeCacheMax, 1536, b"1536"),
             (Opt::MaxReserved, 0, b"0"),
             (Opt::PurgeDelayMs, 1000, b"1000"),
+            (Opt::PurgeDelayMs, 250, b"250"),
             (Opt::ShowStats, SHOW_STATS_PID + 77, b"pid:77"),
             (Opt::Verbose, 1, b"on"),
             (Opt::StatsJson, 0, b"\"\""),

@@ -99,14 +99,14 @@ fn good_value_is_applied_silently() {
     let out = run_child(
         "plain",
         &[
-            ("TLMALLOC_PURGE_DELAY_MS", "250"),
+            ("TLMALLOC_PURGE_DELAY_MS", "400"),
             ("TLMALLOC_LARGE_CACHE_MAX", "64m"),
         ],
     );
     assert_eq!(tlmalloc_lines(&out), Vec::<String>::new());
     assert_eq!(
         child_value(&out, "TLMALLOC_PURGE_DELAY_MS"),
-        ("250".into(), "environment".into())
+        ("400".into(), "environment".into())
     );
     assert_eq!(
         child_value(&out, "TLMALLOC_LARGE_CACHE_MAX"),
@@ -127,7 +127,7 @@ fn bad_value_warns_once_and_keeps_the_default() {
     );
     assert_eq!(
         child_value(&out, "TLMALLOC_PURGE_DELAY_MS"),
-        ("1000".into(), "default".into())
+        ("250".into(), "default".into())
     );
 }
 
@@ -203,7 +203,7 @@ fn verbose_prints_one_line_per_option() {
     for want in [
         "tlmalloc: option TLMALLOC_PURGE_MODE = free (environment)",
         "tlmalloc: option TLMALLOC_VERBOSE = on (environment)",
-        "tlmalloc: option TLMALLOC_PURGE_DELAY_MS = 1000 (default)",
+        "tlmalloc: option TLMALLOC_PURGE_DELAY_MS = 250 (default)",
         "tlmalloc: option TLMALLOC_LARGE_CACHE_MAX = 512m (default)",
         "tlmalloc: option TLMALLOC_SHOW_STATS = off (default)",
         "tlmalloc: option TLMALLOC_STATS_JSON = \"\" (default)",
@@ -391,7 +391,7 @@ fn describe_covers_every_option() {
         );
     }
     let delay = &infos[Opt::PurgeDelayMs as usize];
-    assert_eq!(delay.default.to_string(), "1000");
+    assert_eq!(delay.default.to_string(), "250");
     assert_eq!(delay.unit, "ms");
 }
 
