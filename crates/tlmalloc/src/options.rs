@@ -106,8 +106,9 @@ options! {
         // OS within a third of a second (the background purger passes every
         // delay/4), where 1000 held it through the half-second settles of
         // `thread-recreate`, `churn` and `server` (18.8 MiB against glibc's
-        // 9.0); in steady loops a page is reused long before 250 ms, so no
-        // workload of `tlmalloc bench` lost time beyond noise.
+        // 9.0); in steady loops a page is reused long before 250 ms: balanced,
+        // alloc-heavy, server, xthread, loop (0.3–4 MB), large-buffers,
+        // fragmentation and cpython lost no time beyond noise.
         default: 250,
         unit: "ms",
         parse: parse_decimal,
@@ -720,13 +721,12 @@ mod tests {
 
     #[test]
     fn values_show_as_their_parser_reads_them() {
-        let cases: [(Opt, usize, &[u8]); 9] = [
+        let cases: [(Opt, usize, &[u8]); 8] = [
             (Opt::LargeCacheMax, 512 << 20, b"512m"),
             (Opt::LargeCacheMax, 3 << 30, b"3g"),
             (Opt::LargeCacheMax, 1536, b"1536"),
             (Opt::MaxReserved, 0, b"0"),
             (Opt::PurgeDelayMs, 1000, b"1000"),
-            (Opt::PurgeDelayMs, 250, b"250"),
             (Opt::ShowStats, SHOW_STATS_PID + 77, b"pid:77"),
             (Opt::Verbose, 1, b"on"),
             (Opt::StatsJson, 0, b"\"\""),
