@@ -98,6 +98,14 @@ pub struct LocalLargeCache {
     span_block: *mut u8,
     /// When a purge pass first saw `span_block` (0: not yet).
     span_since_ms: u64,
+    /// Large allocations in this thread's latest run of them (wrapping:
+    /// a wrong answer after 2^32 in a row costs one cache decision).
+    alloc_run: u32,
+    /// Large frees since that run ended (wrapping, as `alloc_run`).
+    free_run: u32,
+    /// Bytes (of mapping) this level or the shared one took from those
+    /// frees while they undid the run (`note_free` was true).
+    run_bytes: usize,
 }
 
 const _: () = assert!(LOCAL_SLOTS <= 8, "occupancy is one u8");
@@ -113,7 +121,43 @@ impl LocalLargeCache {
             bytes: 0,
             span_block: ptr::null_mut(),
             span_since_ms: 0,
+            alloc_run: 0,
+            free_run: 0,
+            run_bytes: 0,
         }
+    }
+
+    /// Count a large allocation of the owner's (one that may come from
+    /// this cache), for [`note_free`](Self::note_free).
+    #[inline]
+    pub fn note_alloc(&mut self) {
+        self.alloc_run = if self.free_run == 0 {
+            self.alloc_run.wrapping_add(1)
+        } else {
+            1
+        };
+        self.free_run = 0;
+        self.run_bytes = 0;
+    }
+
+    /// Count a large free of the owner's; true while the frees since the
+    /// owner's last run of allocations are no more than that run was long:
+    /// the free undoes what a loop just allocated (free `A`, `B` after
+    /// allocating `A`, `B`). False for a free beyond that (the twentieth in
+    /// a row after one allocation): a teardown, whose program may go idle.
+    #[inline]
+    pub fn note_free(&mut self) -> bool {
+        self.free_run = self.free_run.wrapping_add(1);
+        self.free_run <= self.alloc_run
+    }
+
+    /// Count `bytes` cached by a free for which [`note_free`](Self::note_free)
+    /// was true; returns what those frees cached since the run of
+    /// allocations ended (what a loop's frees keep beyond the bound).
+    #[inline]
+    pub fn add_run_bytes(&mut self, bytes: usize) -> usize {
+        self.run_bytes += bytes;
+        self.run_bytes
     }
 
     /// The kept span block, or null.

@@ -582,6 +582,12 @@ struct Model {
     shared: Vec<Vec<usize>>,
     /// The arena's cache of empty 4 MiB segments.
     segments: SegmentCacheModel,
+    /// Mallocs in the latest run of them, and frees since it ended
+    /// (`LocalLargeCache::note_alloc`/`note_free`).
+    alloc_run: usize,
+    free_run: usize,
+    /// Bytes those frees cached while they undid the run.
+    run_bytes: usize,
 }
 
 /// Bytes a purge of a cached segment gives back: all past its header's
@@ -689,8 +695,9 @@ impl Model {
         }
     }
 
-    /// After a free (`large::trim_to_live`): besides the block it cached
-    /// (`newest`), the cache keeps at most the bound of the live bytes left;
+    /// After a free (`large::trim_to_live`): besides what a loop's frees
+    /// cached (`run_bytes`, `newest` the last), the cache keeps at most the
+    /// bound of the live bytes left;
     /// the rest is released, the local level's largest first (the first
     /// slot of equals), then from the shared level's highest class that
     /// holds another block, the one at the lowest address. Returns how many
@@ -698,11 +705,12 @@ impl Model {
     fn trim_to_live(
         &mut self,
         newest: Option<usize>,
+        run_bytes: usize,
         os: &mut OsStats,
         lc: &mut LargeCacheStats,
         paths: &mut Paths,
     ) -> usize {
-        let limit = model_bound(self.live_usable()) + newest.map_or(0, |q| self.blocks[&q].map);
+        let limit = model_bound(self.live_usable()) + run_bytes;
         let mut cached = self.bytes_at(At::Local) + self.bytes_at(At::Shared);
         let mut released = 0;
         if cached > limit {
@@ -797,6 +805,8 @@ struct Paths {
     /// Frees after which the cache released blocks for the footprint falling.
     trims: usize,
     trimmed_blocks: usize,
+    /// Frees beyond the last run of mallocs: even their own block trimmed.
+    teardown_frees: usize,
     bound_floor: usize,
     bound_adaptive: usize,
     bound_cap: usize,
@@ -945,6 +955,9 @@ fn accounting_model_child() {
             .map(|_| Vec::new())
             .collect(),
         segments: SegmentCacheModel::default(),
+        alloc_run: 0,
+        free_run: 0,
+        run_bytes: 0,
     };
     let mut live: Vec<usize> = Vec::new(); // addresses, in the order drawn from
     let mut last_freed: Option<usize> = None;
@@ -1013,8 +1026,23 @@ fn accounting_model_child() {
                 }
                 model.release(p, &mut os, &mut paths)
             };
-            let newest = model.blocks.contains_key(&p).then_some(p);
-            let trimmed = model.trim_to_live(newest, &mut os, &mut lc, &mut paths);
+            // A free beyond as many as the last run of mallocs (a
+            // teardown's) keeps no block past the bound, not even its own.
+            model.free_run += 1;
+            let looping = model.free_run <= model.alloc_run;
+            if !looping {
+                paths.teardown_frees += 1;
+            }
+            let newest = model
+                .blocks
+                .contains_key(&p)
+                .then_some(p)
+                .filter(|_| looping);
+            if let Some(q) = newest {
+                model.run_bytes += model.blocks[&q].map;
+            }
+            let run_bytes = if newest.is_some() { model.run_bytes } else { 0 };
+            let trimmed = model.trim_to_live(newest, run_bytes, &mut os, &mut lc, &mut paths);
             assert_eq!(
                 (a.os, a.lc),
                 (os, lc),
@@ -1038,6 +1066,11 @@ fn accounting_model_child() {
             let b = snap();
             let p = malloc(size) as usize;
             let a = snap();
+            if model.free_run != 0 {
+                (model.alloc_run, model.free_run) = (0, 0);
+            }
+            model.alloc_run += 1;
+            model.run_bytes = 0;
             // (The `check` build reports the size asked for, not the class.)
             assert_eq!(
                 usable(p as *mut u8),
@@ -1284,6 +1317,7 @@ fn accounting_model_child() {
         ),
         ("cache trimmed to the live footprint", p.trims, 5),
         ("blocks released by those trims", p.trimmed_blocks, 10),
+        ("frees of a teardown", p.teardown_frees, 20),
         ("bound at its floor", p.bound_floor, 20),
         ("bound between floor and cap", p.bound_adaptive, 20),
         ("bound at its cap", p.bound_cap, 20),
@@ -1444,10 +1478,12 @@ const SHRINK_CHILD_VAR: &str = "TLMALLOC_TEST_CACHE_SHRINK";
 
 /// A program that frees its large buffers one by one and then only idles
 /// gets them back at the frees (`large::trim_to_live`): the cache keeps at
-/// most the bound's floor besides the last block freed, not the two thirds
-/// of the footprint the bound at each free allowed (226 MiB of 290 before),
-/// with the purge delay at an hour. A loop that frees and takes back one
-/// big block still finds it cached (no size cliff). Run in a child process:
+/// most the bound's floor, not the two thirds of the footprint the bound at
+/// each free allowed (226 MiB of 290 before), nor the floor and the last
+/// block freed (a teardown's free keeps no block past the bound), with the
+/// purge delay at an hour. A loop that frees and takes back one big block,
+/// or two nested ones, still finds them cached (no size cliff). Run in a
+/// child process:
 /// a purger started by another test would refresh the process-wide live
 /// estimate the bound also reads, at moments the test does not see.
 #[test]
@@ -1485,6 +1521,22 @@ fn cache_shrink_child() {
     );
     assert!(looped.lc.local_bytes + looped.lc.shared_bytes >= loop_size);
 
+    // Two nested blocks in a loop (free B, then A): both stay cached.
+    for _ in 0..20 {
+        let a = malloc(loop_size);
+        let b = malloc(loop_size);
+        touch_pages(a, loop_size);
+        touch_pages(b, loop_size);
+        free(b);
+        free(a);
+    }
+    let nested = snap();
+    assert_eq!(
+        nested.os.map_calls - looped.os.map_calls,
+        1,
+        "a loop of two nested 32 MiB blocks maps once more (the second block)"
+    );
+
     // 20 buffers of 5-24 MB, written, freed one by one.
     let sizes: Vec<usize> = (0..20).map(|i| 5_000_000 + i * 1_000_000).collect();
     let blocks: Vec<*mut u8> = sizes
@@ -1516,9 +1568,10 @@ fn cache_shrink_child() {
         mib(rss_live),
         mib(rss_end)
     );
-    // The floor (8 MiB) and the last block freed, with its header page.
+    // The floor (8 MiB): the last free, the twentieth after one malloc,
+    // is a teardown's, and keeps nothing beyond it, not even its own block.
     assert!(
-        cached <= MODEL_FLOOR + largest + MIB,
+        cached <= MODEL_FLOOR,
         "after the last free the cache holds {:.1} MiB (floor {:.1} MiB, largest block \
          {:.1} MiB)",
         mib(cached),
@@ -1526,7 +1579,7 @@ fn cache_shrink_child() {
         mib(largest)
     );
     assert!(
-        rss_end <= rss_start + MODEL_FLOOR + largest + 4 * MIB,
+        rss_end <= rss_start + MODEL_FLOOR + 4 * MIB,
         "RSS after the frees {:.1} MiB, at the start {:.1} MiB",
         mib(rss_end),
         mib(rss_start)
