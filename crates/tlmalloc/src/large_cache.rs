@@ -18,7 +18,10 @@
 //! A cached block keeps its class (the usable size it last had). A request
 //! takes the smallest cached block at least as large (any class above its
 //! own): the tier trims what is too much (`large.rs`), so random sizes find
-//! a block instead of piling up beside ones that almost fit. The local
+//! a block instead of piling up beside ones that almost fit. Where the
+//! local level's best is an eighth larger or more and the shared level
+//! holds a block of the request's own class, the shared one goes
+//! ([`SharedLargeCache::take_exact`]), and the larger block stays whole. The local
 //! level can also hand out its largest block below a request, for the tier
 //! to grow in place or move with `mremap` (its resident pages reused).
 //!
@@ -193,11 +196,12 @@ impl LocalLargeCache {
         segment
     }
 
-    /// Take the cached block with the smallest capacity of at least
-    /// `usable` bytes, or null (a look at the occupied slots only).
+    /// The slot of the cached block with the smallest capacity of at least
+    /// `usable` bytes (the first of equals), and that capacity; None when
+    /// none holds it (a look at the occupied slots only).
     #[inline]
-    pub fn take_fit(&mut self, usable: usize) -> *mut Segment {
-        let mut best = usize::MAX;
+    pub fn fit(&self, usable: usize) -> Option<(usize, usize)> {
+        let mut best = None;
         let mut best_capacity = usize::MAX;
         let mut mask = self.occupied;
         while mask != 0 {
@@ -205,14 +209,29 @@ impl LocalLargeCache {
             mask &= mask - 1;
             let capacity = self.capacity[i];
             if capacity >= usable && capacity < best_capacity {
-                best = i;
+                best = Some((i, capacity));
                 best_capacity = capacity;
             }
         }
-        if best == usize::MAX {
-            return ptr::null_mut();
+        best
+    }
+
+    /// Take the block of slot `i`, found occupied by [`fit`](Self::fit)
+    /// since the cache last changed.
+    #[inline]
+    pub fn take_at(&mut self, i: usize) -> *mut Segment {
+        debug_assert!(self.occupied & (1 << i) != 0);
+        self.take_slot(i)
+    }
+
+    /// Take the cached block with the smallest capacity of at least
+    /// `usable` bytes, or null.
+    #[inline]
+    pub fn take_fit(&mut self, usable: usize) -> *mut Segment {
+        match self.fit(usable) {
+            Some((i, _)) => self.take_slot(i),
+            None => ptr::null_mut(),
         }
-        self.take_slot(best)
     }
 
     /// Take the cached block with the largest capacity (to be grown), or null.
@@ -407,23 +426,44 @@ impl SharedLargeCache {
         false
     }
 
+    /// Take a block of the class of `usable` bytes (a large class size)
+    /// and of no other, or null: one look at the class's occupancy bit
+    /// when it has none (a stale bit is left for [`take`](Self::take) to
+    /// clear).
+    pub fn take_exact(&self, usable: usize) -> *mut Segment {
+        let bin = bin_of(usable);
+        if self.occupied[bin / 64].load(Ordering::Relaxed) & (1u64 << (bin % 64)) == 0 {
+            return ptr::null_mut();
+        }
+        self.take_in_bin(bin)
+    }
+
+    /// Take a block from a slot of `bin`, or null when each was found empty.
+    fn take_in_bin(&self, bin: usize) -> *mut Segment {
+        for slot in &self.slots[bin] {
+            if slot.load(Ordering::Relaxed).is_null() {
+                continue;
+            }
+            // Acquire: pairs with the Release of the put.
+            let segment = slot.swap(ptr::null_mut(), Ordering::Acquire);
+            if !segment.is_null() {
+                // SAFETY: the swap made the segment ours (`[cache-ownership]`).
+                let bytes = unsafe { segment_bytes(segment) };
+                self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+                return segment;
+            }
+        }
+        ptr::null_mut()
+    }
+
     /// Take the smallest-class block that can serve `usable` bytes (a
     /// large class size), or null.
     pub fn take(&self, usable: usize) -> *mut Segment {
         let mut bin = self.next_occupied(bin_of(usable));
         while bin < BINS {
-            for slot in &self.slots[bin] {
-                if slot.load(Ordering::Relaxed).is_null() {
-                    continue;
-                }
-                // Acquire: pairs with the Release of the put.
-                let segment = slot.swap(ptr::null_mut(), Ordering::Acquire);
-                if !segment.is_null() {
-                    // SAFETY: the swap made the segment ours (`[cache-ownership]`).
-                    let bytes = unsafe { segment_bytes(segment) };
-                    self.bytes.fetch_sub(bytes, Ordering::Relaxed);
-                    return segment;
-                }
+            let segment = self.take_in_bin(bin);
+            if !segment.is_null() {
+                return segment;
             }
             // Found the bin empty: clear its hint, then look again. A put
             // sets the bit after filling its slot; if that set came before

@@ -659,6 +659,15 @@ impl SegmentCacheModel {
     }
 }
 
+/// Whether the local level holds no block of capacity `want` or more.
+fn paths_local_fit_would_miss(model: &Model, want: usize) -> bool {
+    !model
+        .local
+        .iter()
+        .flatten()
+        .any(|q| model.blocks[q].capacity() >= want)
+}
+
 impl Model {
     fn bytes_at(&self, at: At) -> usize {
         self.blocks
@@ -812,6 +821,9 @@ struct Paths {
     bound_cap: usize,
     // Allocations.
     local_fit: usize,
+    /// A shared block of the request's class taken over a local one of a
+    /// larger class.
+    shared_over_larger_local: usize,
     local_larger_class: usize,
     shared_hit: usize,
     shared_far_class: usize,
@@ -1091,10 +1103,19 @@ fn accounting_model_child() {
 
             // (1) The local block with the smallest capacity that holds the
             // request (the first slot of equals).
+            // But not one of a larger class while the shared level holds one
+            // of the request's own: (2) takes that one.
             let fit = (0..LOCAL_SLOTS)
                 .filter_map(|i| model.local[i].map(|q| (i, q)))
                 .filter(|&(_, q)| model.blocks[&q].capacity() >= want)
                 .min_by_key(|&(i, q)| (model.blocks[&q].capacity(), i));
+            let own_class_shared = !model.shared[c].is_empty();
+            let fit = fit.filter(|&(_, q)| {
+                model.blocks[&q].capacity() < want + want / 8 || !own_class_shared
+            });
+            if fit.is_none() && own_class_shared && !paths_local_fit_would_miss(&model, want) {
+                paths.shared_over_larger_local += 1;
+            }
             // (2) Else a shared block of the lowest non-empty class from
             // the request's up (which of the class's slots is not modelled:
             // the purge sweep of the shared level moves its blocks to the
@@ -1324,6 +1345,11 @@ fn accounting_model_child() {
         ("local fit", p.local_fit, 100),
         ("local fit of a larger class", p.local_larger_class, 10),
         ("shared hit", p.shared_hit, 10),
+        (
+            "shared hit of its class over a larger local block",
+            p.shared_over_larger_local,
+            1,
+        ),
         ("shared hit 3+ classes up", p.shared_far_class, 1),
         // (`secure` refuses to grow: the guard page splits the mapping.)
         (
@@ -1521,12 +1547,15 @@ fn cache_shrink_child() {
     );
     assert!(looped.lc.local_bytes + looped.lc.shared_bytes >= loop_size);
 
-    // Two nested blocks in a loop (free B, then A): both stay cached.
+    // Two nested blocks of two classes in a loop (free B, then A): both
+    // stay cached, and A's request takes A's block (from the shared level)
+    // rather than B's larger one (from the local level).
+    let b_size = loop_size + 4 * MIB;
     for _ in 0..20 {
         let a = malloc(loop_size);
-        let b = malloc(loop_size);
+        let b = malloc(b_size);
         touch_pages(a, loop_size);
-        touch_pages(b, loop_size);
+        touch_pages(b, b_size);
         free(b);
         free(a);
     }
@@ -1534,7 +1563,7 @@ fn cache_shrink_child() {
     assert_eq!(
         nested.os.map_calls - looped.os.map_calls,
         1,
-        "a loop of two nested 32 MiB blocks maps once more (the second block)"
+        "a loop of nested 32 and 36 MiB blocks maps once more (the second block)"
     );
 
     // 20 buffers of 5-24 MB, written, freed one by one.

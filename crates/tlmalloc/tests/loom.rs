@@ -533,20 +533,36 @@ fn drain_and_check(
 
 #[test]
 fn shared_cache_put_and_take_race() {
-    loom::model(|| {
+    put_and_take_race(false);
+}
+
+/// As above, the second thread's take a `take_exact` (the request's own
+/// class only: the look before a local block of a larger class is taken).
+#[test]
+fn shared_cache_exact_take_races_put_and_take() {
+    put_and_take_race(true);
+}
+
+/// Two threads each put one block and take one back (the second with
+/// `take_exact` when `exact`).
+fn put_and_take_race(exact: bool) {
+    loom::model(move || {
         let cache = Arc::new(SharedLargeCache::new());
         let a = cached_large(CACHED_USABLE);
         let b = cached_large(CACHED_USABLE);
-        // Two threads each put one block and take one back.
-        let threads: Vec<_> = [a, b]
+        let threads: Vec<_> = [(a, false), (b, exact)]
             .into_iter()
-            .map(|s| {
+            .map(|(s, exact)| {
                 let cache = cache.clone();
                 thread::spawn(move || {
                     let s = s;
                     // SAFETY: the block is ours to hand over.
                     assert!(unsafe { cache.put(s.0, usize::MAX) });
-                    Shared(cache.take(CACHED_USABLE))
+                    Shared(if exact {
+                        cache.take_exact(CACHED_USABLE)
+                    } else {
+                        cache.take(CACHED_USABLE)
+                    })
                 })
             })
             .collect();
