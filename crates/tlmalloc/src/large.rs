@@ -500,14 +500,14 @@ pub fn cache_bound(own_live: usize) -> usize {
 fn take_cached(local: Option<&mut LocalLargeCache>, usable: usize) -> (*mut Segment, Origin) {
     if let Some(local) = local {
         if let Some((i, capacity)) = local.fit(usable) {
-            // A local block an eighth larger or more (a larger class), where
-            // the shared level holds one of the request's own class: the
-            // shared one, so that the larger block stays for a request of
-            // its size instead of being trimmed (two buffers of different
-            // sizes in a loop then map nothing). (An eighth, not the next
-            // class's size: a shift instead of a class computation on every
-            // local hit.)
-            if capacity >= usable + (usable >> 3) && usable <= LARGE_CACHE_SIZE_MAX {
+            // A local block a sixteenth larger or more (so of a larger class:
+            // classes are 1/16 to 1/8 apart), where the shared level holds
+            // one of the request's own class: the shared one, so that the
+            // larger block stays for a request of its size instead of being
+            // trimmed (two buffers of different sizes in a loop then map
+            // nothing). (A shift, not the next class's size: no class
+            // computation on every local hit.)
+            if capacity >= usable + (usable >> 4) && usable <= LARGE_CACHE_SIZE_MAX {
                 let segment = SHARED.take_exact(usable);
                 if !segment.is_null() {
                     counters::record_large_cache(true);

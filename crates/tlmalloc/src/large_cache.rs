@@ -19,7 +19,7 @@
 //! takes the smallest cached block at least as large (any class above its
 //! own): the tier trims what is too much (`large.rs`), so random sizes find
 //! a block instead of piling up beside ones that almost fit. Where the
-//! local level's best is an eighth larger or more and the shared level
+//! local level's best is a sixteenth larger or more and the shared level
 //! holds a block of the request's own class, the shared one goes
 //! ([`SharedLargeCache::take_exact`]), and the larger block stays whole. The local
 //! level can also hand out its largest block below a request, for the tier

@@ -1083,10 +1083,12 @@ fn accounting_model_child() {
             }
             model.alloc_run += 1;
             model.run_bytes = 0;
-            // (The `check` build reports the size asked for, not the class.)
+            // (The `check` build reports the size asked for, not the class,
+            // and keeps a canary past it.)
+            let writable = if cfg!(feature = "check") { size } else { want };
             assert_eq!(
                 usable(p as *mut u8),
-                if cfg!(feature = "check") { size } else { want },
+                writable,
                 "step {step}: usable size of {size}"
             );
             assert_eq!(
@@ -1094,10 +1096,10 @@ fn accounting_model_child() {
                 BLOCK_OFFSET,
                 "step {step}: a block not at its place in its segment"
             );
-            // SAFETY: a live block of `want` bytes.
+            // SAFETY: a live block of `writable` usable bytes.
             unsafe {
                 *(p as *mut u8) = step as u8;
-                *((p + want - 1) as *mut u8) = step as u8;
+                *((p + writable - 1) as *mut u8) = step as u8;
             }
             let (mut os, mut lc) = (b.os, b.lc);
 
@@ -1111,7 +1113,7 @@ fn accounting_model_child() {
                 .min_by_key(|&(i, q)| (model.blocks[&q].capacity(), i));
             let own_class_shared = !model.shared[c].is_empty();
             let fit = fit.filter(|&(_, q)| {
-                model.blocks[&q].capacity() < want + want / 8 || !own_class_shared
+                model.blocks[&q].capacity() < want + want / 16 || !own_class_shared
             });
             if fit.is_none() && own_class_shared && !paths_local_fit_would_miss(&model, want) {
                 paths.shared_over_larger_local += 1;
