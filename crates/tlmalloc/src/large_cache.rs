@@ -21,9 +21,10 @@
 //! a block instead of piling up beside ones that almost fit. Where the
 //! local level's best is a sixteenth larger or more and the shared level
 //! holds a block of the request's own class, the shared one goes
-//! ([`SharedLargeCache::take_exact`]), and the larger block stays whole. The local
-//! level can also hand out its largest block below a request, for the tier
-//! to grow in place or move with `mremap` (its resident pages reused).
+//! ([`SharedLargeCache::take_exact`]), and the larger block stays whole.
+//! The local level can also hand out its largest block below a request,
+//! for the tier to grow in place or move with `mremap` (its resident pages
+//! reused).
 //!
 //! Invariant `[cache-ownership]`: a segment in a slot of either level is a
 //! freed large segment (`[large-segment]`, `pages[0].used == 0`) that
@@ -222,16 +223,6 @@ impl LocalLargeCache {
     pub fn take_at(&mut self, i: usize) -> *mut Segment {
         debug_assert!(self.occupied & (1 << i) != 0);
         self.take_slot(i)
-    }
-
-    /// Take the cached block with the smallest capacity of at least
-    /// `usable` bytes, or null.
-    #[inline]
-    pub fn take_fit(&mut self, usable: usize) -> *mut Segment {
-        match self.fit(usable) {
-            Some((i, _)) => self.take_slot(i),
-            None => ptr::null_mut(),
-        }
     }
 
     /// Take the cached block with the largest capacity (to be grown), or null.
