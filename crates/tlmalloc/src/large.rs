@@ -514,7 +514,7 @@ fn take_cached(local: Option<&mut LocalLargeCache>, usable: usize) -> (*mut Segm
                     return (segment, Origin::SharedCache);
                 }
             }
-            return (local.take_at(i), Origin::LocalCache);
+            return (local.take_slot(i), Origin::LocalCache);
         }
     }
     if usable > LARGE_CACHE_SIZE_MAX {

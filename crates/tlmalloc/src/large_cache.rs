@@ -188,8 +188,11 @@ impl LocalLargeCache {
         now_ms.saturating_sub(self.span_since_ms) >= delay_ms
     }
 
-    /// Take the block of slot `i` (occupied) out of the cache.
-    fn take_slot(&mut self, i: usize) -> *mut Segment {
+    /// Take the block of slot `i` out of the cache (occupied: one
+    /// [`fit`](Self::fit) found since the cache last changed).
+    #[inline]
+    pub fn take_slot(&mut self, i: usize) -> *mut Segment {
+        debug_assert!(self.occupied & (1 << i) != 0);
         self.occupied &= !(1 << i);
         let segment = core::mem::replace(&mut self.slots[i], ptr::null_mut());
         // SAFETY: ours until handed out (`[cache-ownership]`).
@@ -215,14 +218,6 @@ impl LocalLargeCache {
             }
         }
         best
-    }
-
-    /// Take the block of slot `i`, found occupied by [`fit`](Self::fit)
-    /// since the cache last changed.
-    #[inline]
-    pub fn take_at(&mut self, i: usize) -> *mut Segment {
-        debug_assert!(self.occupied & (1 << i) != 0);
-        self.take_slot(i)
     }
 
     /// Take the cached block with the largest capacity (to be grown), or null.

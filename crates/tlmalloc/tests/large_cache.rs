@@ -659,15 +659,6 @@ impl SegmentCacheModel {
     }
 }
 
-/// Whether the local level holds no block of capacity `want` or more.
-fn paths_local_fit_would_miss(model: &Model, want: usize) -> bool {
-    !model
-        .local
-        .iter()
-        .flatten()
-        .any(|q| model.blocks[q].capacity() >= want)
-}
-
 impl Model {
     fn bytes_at(&self, at: At) -> usize {
         self.blocks
@@ -1112,10 +1103,11 @@ fn accounting_model_child() {
                 .filter(|&(_, q)| model.blocks[&q].capacity() >= want)
                 .min_by_key(|&(i, q)| (model.blocks[&q].capacity(), i));
             let own_class_shared = !model.shared[c].is_empty();
+            let local_fit = fit;
             let fit = fit.filter(|&(_, q)| {
                 model.blocks[&q].capacity() < want + want / 16 || !own_class_shared
             });
-            if fit.is_none() && own_class_shared && !paths_local_fit_would_miss(&model, want) {
+            if fit.is_none() && local_fit.is_some() {
                 paths.shared_over_larger_local += 1;
             }
             // (2) Else a shared block of the lowest non-empty class from
