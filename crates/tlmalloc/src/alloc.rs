@@ -431,7 +431,7 @@ fn fresh_page(heap: &ThreadHeap, state: &mut HeapState, class: usize) -> *mut Pa
         counters::record_page(1usize << (*segment).page_shift, true);
         state.segment_relist(segment);
         let block_size = class_size(class);
-        let (area, reserved) = Segment::page_area(segment, index, block_size);
+        let (area, reserved) = Segment::page_area(segment, index, class);
         let page = &mut (*segment).pages[index];
         page.init(area, block_size, reserved, class as u8);
         page.start_untouched(untouched_from);

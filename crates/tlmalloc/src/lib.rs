@@ -39,6 +39,8 @@ mod option_values;
 pub mod size_class;
 pub mod sync;
 mod text;
+// Where a page's blocks start in its slot (over the class table).
+mod page_color;
 
 // The one door to the OS.
 #[cfg(not(loom))]

@@ -15,6 +15,7 @@ use crate::config::{
 use crate::counters;
 use crate::list::{Linked, Links};
 use crate::page::Page;
+use crate::page_color::area_offset;
 use crate::size_class::{class_size, natural_alignment};
 use crate::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use crate::written_pages::WrittenPages;
@@ -603,28 +604,25 @@ impl Segment {
         (page as usize - self.pages.as_ptr() as usize) / core::mem::size_of::<Page>()
     }
 
-    /// The block area of page slot `index` for blocks of `block_size` bytes:
-    /// its start (aligned to the block size's natural alignment, so every
-    /// block of a class that is a multiple of `a` is `a`-aligned) and how many
+    /// The block area of page slot `index` for blocks of `class`: its start
+    /// (aligned to the class size's natural alignment, so every block of a
+    /// class that is a multiple of `a` is `a`-aligned, and moved into the
+    /// slot by the class's cache color: `page_color.rs`) and how many
     /// blocks fit.
     ///
     /// # Safety
-    /// `segment` is a live segment header.
-    pub unsafe fn page_area(
-        segment: *mut Segment,
-        index: usize,
-        block_size: usize,
-    ) -> (*mut u8, u32) {
+    /// `segment` is a live segment header; `class < CLASS_COUNT`.
+    pub unsafe fn page_area(segment: *mut Segment, index: usize, class: usize) -> (*mut u8, u32) {
         // SAFETY: the caller guarantees a live header; only the constant `page_shift` is read.
         let shift = unsafe { (*segment).page_shift };
         let base = segment as usize;
         let page_start = base + (index << shift);
         let page_end = page_start + (1usize << shift);
-        let align = natural_alignment(block_size, POOL_ALIGN_MAX);
+        let align = natural_alignment(class_size(class), POOL_ALIGN_MAX);
         let first = page_start.max(base + METADATA_END);
-        let area = (first + align - 1) & !(align - 1);
-        let count = page_end.saturating_sub(area) / block_size;
-        (area as *mut u8, count as u32)
+        let aligned = (first + align - 1) & !(align - 1);
+        let (offset, count) = area_offset(page_end.saturating_sub(aligned), class);
+        ((aligned + offset) as *mut u8, count as u32)
     }
 }
 
