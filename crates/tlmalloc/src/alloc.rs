@@ -17,6 +17,7 @@ use crate::heap::{avail_list, thread_heap, HeapKind, HeapState, ThreadHeap, PROC
 use crate::init::{init_thread_heap, thread_heap_or_init};
 use crate::large::{self, Origin};
 use crate::large_cache::LocalLargeCache;
+use crate::large_segment;
 use crate::list::List;
 use crate::os::{self, valgrind};
 use crate::page::Page;
@@ -536,8 +537,8 @@ fn take_kept_span_block(h: &ThreadHeap, size: usize, zero: bool) -> *mut u8 {
     let kept = local.span_block();
     // SAFETY: a kept block is a freed span block whose page its keeper
     // reads (`span::keep`).
-    let fits =
-        !kept.is_null() && large::large_usable(size) == Some(unsafe { span::kept_usable(kept) });
+    let fits = !kept.is_null()
+        && large_segment::large_usable(size) == Some(unsafe { span::kept_usable(kept) });
     if fits {
         local.swap_span_block(ptr::null_mut());
     }
@@ -587,7 +588,7 @@ fn large_alloc_retry(
     zero: bool,
 ) -> Option<(*mut u8, usize, Origin)> {
     if size < ADDRESS_SPACE_BYTES
-        && large::large_usable(size).is_some()
+        && large_segment::large_usable(size).is_some()
         && flush_for_retry(state.as_deref_mut())
     {
         return large::alloc(local_cache(&mut state), size, align, zero);

@@ -13,7 +13,7 @@ use crate::config::{MEDIUM_SIZE_MAX, OS_PAGE_SIZE, SEGMENT_SIZE};
 use crate::free::{free_trusted, free_trusted_c, large_free};
 pub use crate::heap::HeapKind;
 use crate::heap::{self, thread_heap};
-use crate::large;
+use crate::large_segment;
 use crate::os;
 use crate::page::Page;
 use crate::poison;
@@ -129,7 +129,7 @@ pub fn good_size(n: usize) -> usize {
 fn block_for(n: usize, align: usize) -> usize {
     match pooled_size(n, align) {
         Some(n) => class_size(class_of(n)),
-        None => large::large_usable(n).unwrap_or(usize::MAX),
+        None => large_segment::large_usable(n).unwrap_or(usize::MAX),
     }
 }
 
@@ -273,10 +273,10 @@ unsafe fn try_resize(
             && (*segment).owner() == 0
             && !track::active()
         {
-            let Some(wanted) = large::large_usable(new_size) else {
+            let Some(wanted) = large_segment::large_usable(new_size) else {
                 return ptr::null_mut();
             };
-            let grown = large::large_grow_live(segment, wanted);
+            let grown = large_segment::large_grow_live(segment, wanted);
             if !grown.is_null() {
                 (*thread_heap()).count_large_resize(usable, wanted);
                 return (*grown).large_block();
@@ -285,7 +285,7 @@ unsafe fn try_resize(
         // A span block takes the free slots after it, or gives its last
         // ones back, as long as it stays a span-sized block.
         if (*segment).kind == SegmentKind::Span && span::serves(new_size, 1) {
-            let Some(wanted) = large::large_usable(new_size) else {
+            let Some(wanted) = large_segment::large_usable(new_size) else {
                 return ptr::null_mut();
             };
             if span::resize(segment, p, wanted) {

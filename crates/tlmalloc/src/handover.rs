@@ -21,6 +21,7 @@ use crate::heap::{set_thread_heap, HeapKind, HeapState, ThreadHeap, DEAD_HEAP, L
 use crate::heap_pool;
 use crate::large;
 use crate::large_cache::SHARED;
+use crate::large_segment;
 use crate::page::Page;
 use crate::registry;
 use crate::remote_batch::Chain;
@@ -63,8 +64,8 @@ pub fn abandon_heap(state: &mut HeapState) {
         // pass on or release.
         unsafe {
             // A held cache may keep blocks beyond the shared level's classes.
-            if !large::large_cacheable(segment) || !SHARED.put(segment, max) {
-                large::large_release(segment);
+            if !large_segment::large_cacheable(segment) || !SHARED.put(segment, max) {
+                large_segment::large_release(segment);
             }
         }
         true

@@ -85,6 +85,8 @@ mod large;
 #[doc(hidden)]
 pub mod large_cache;
 #[cfg(not(loom))]
+mod large_segment;
+#[cfg(not(loom))]
 mod purge;
 #[cfg(not(loom))]
 mod retired_pages;

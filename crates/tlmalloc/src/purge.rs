@@ -34,8 +34,8 @@
 use core::ptr;
 
 use crate::arena;
-use crate::large;
 use crate::large_cache::{LocalLargeCache, SHARED};
+use crate::large_segment;
 use crate::list::List;
 use crate::options::{self, Opt, PURGE_FREE};
 use crate::os;
@@ -185,7 +185,7 @@ pub unsafe fn keep_cached_large(segment: *mut Segment, now_ms: u64, policy: Purg
             return false;
         }
         if age >= policy.delay_ms && !(*segment).purged {
-            large::large_purge(segment, policy.lazy);
+            large_segment::large_purge(segment, policy.lazy);
         }
         true
     }
@@ -262,7 +262,7 @@ pub fn purge_local_cache(
             return false;
         }
         // SAFETY: evicted: ours to release, its block is free.
-        unsafe { large::large_release(segment) };
+        unsafe { large_segment::large_release(segment) };
         true
     });
 }
@@ -291,7 +291,7 @@ pub fn purge_shared(now_ms: u64, force: bool) {
         // SAFETY: `[cache-ownership]`: the sweep lends us the segment for the call.
         |segment| !force && unsafe { keep_cached_large(segment, now_ms, policy) },
         // SAFETY: out of the cache: ours, its block free.
-        |segment| unsafe { large::large_release(segment) },
+        |segment| unsafe { large_segment::large_release(segment) },
     );
     span::sweep(
         now_ms,

@@ -13,7 +13,7 @@
 //! extents carve large blocks from shared spans the same way.
 //!
 //! The layout: slot 0 holds the header; slots 1..=63 carry blocks. A block
-//! of usable size `u` (its size class, `large::large_usable`, as for every
+//! of usable size `u` (its size class, `large_segment::large_usable`, as for every
 //! large block, so sizes, `good_size` and the sized-free check do not
 //! depend on the tier) takes `ceil(u / 64 KiB)` slots starting at slot `i`,
 //! is `pages[i]` (`used == 1` while live), and starts at the slot's first
@@ -79,7 +79,7 @@ use crate::config::{
     SPAN_SLOT_SIZE,
 };
 use crate::counters;
-use crate::large::large_usable;
+use crate::large_segment::large_usable;
 use crate::list::List;
 use crate::lock::{SpinGuard, SpinLock};
 use crate::options::{self, Opt, PURGE_FREE};

@@ -33,7 +33,7 @@ use crate::free::{free_owned, free_trusted};
 use crate::heap::{HeapKind, ThreadHeap, LIST_COUNT};
 use crate::heap_pool;
 use crate::init::{ensure_process_init, thread_heap_or_init};
-use crate::large;
+use crate::large_segment;
 use crate::os;
 use crate::poison;
 use crate::purge::PurgePolicy;
@@ -328,7 +328,7 @@ unsafe fn user_heap_destroy(heap: *mut ThreadHeap) {
                 .large_bytes_freed
                 .add((*segment).pages[0].block_size);
             (*segment).set_owner(0);
-            large::large_release(segment);
+            large_segment::large_release(segment);
         }
     }
     // Unqueue every page first: that drops the pins, so `used` is then the
