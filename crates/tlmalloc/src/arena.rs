@@ -395,17 +395,18 @@ pub unsafe fn purge_slot_runs(base: usize, page_shift: u32, mut mask: u64, lazy:
 }
 
 /// Grow the mapping `[p, p + old)` to `new` bytes where it stands, under
-/// the cap; false (nothing changed) when it cannot.
+/// the cap; false (nothing changed) when it cannot. `several`: the range
+/// may be several kernel mappings (a block that took moved-in pieces).
 ///
 /// # Safety
 /// `[p, p + old)` is a mapping made through this module.
-pub unsafe fn grow_in_place(p: *mut u8, old: usize, new: usize) -> bool {
+pub unsafe fn grow_in_place(p: *mut u8, old: usize, new: usize, several: bool) -> bool {
     if !reserve_ok(new - old) {
         return false;
     }
     rt_level::note_kernel_entry();
     // SAFETY: caller contract.
-    let done = unsafe { os::grow_in_place(p, old, new) };
+    let done = unsafe { os::grow_in_place(p, old, new, several) };
     if done {
         counters::record_remap(old, new);
     }

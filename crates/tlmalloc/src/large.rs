@@ -225,7 +225,8 @@ unsafe fn give_pages_and_release(segment: *mut Segment) {
             .unwrap_or(0)
             .min((*segment).map_size);
         if end > offset {
-            let _ = spare_pages::keep(segment.cast::<u8>().add(offset), end - offset);
+            let several = (*segment).large_pieces > 0;
+            let _ = spare_pages::keep(segment.cast::<u8>().add(offset), end - offset, several);
         }
         large_release(segment);
     }
@@ -415,7 +416,11 @@ unsafe fn give_back_excess(segment: *mut Segment, p: *mut u8, usable: usize, sla
             .min(touched_end);
         let mut moved_end = need;
         if asked_end > need + slack
-            && spare_pages::keep(segment.cast::<u8>().add(need), asked_end - need)
+            && spare_pages::keep(
+                segment.cast::<u8>().add(need),
+                asked_end - need,
+                (*segment).large_pieces > 0,
+            )
         {
             moved_end = asked_end;
             (*segment).large_asked = usable;

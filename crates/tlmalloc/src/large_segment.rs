@@ -339,7 +339,8 @@ pub unsafe fn large_grow(segment: *mut Segment, usable: usize) -> *mut Segment {
             // the pieces: the caller copies instead.
             return ptr::null_mut();
         }
-        if arena::grow_in_place(segment.cast(), old_size, new_size) {
+        let several = (*segment).large_pieces > 0;
+        if arena::grow_in_place(segment.cast(), old_size, new_size, several) {
             arena::advise_grown_large_block(segment.cast(), new_size);
             (*segment).map_size = new_size;
             (*segment).pages[0].block_size = usable;

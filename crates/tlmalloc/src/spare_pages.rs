@@ -142,11 +142,13 @@ pub fn set_bound(bound: usize) {
 /// Keep the resident pages of `[p, p + len)` as spare (moved out; the range
 /// stays mapped, empty). False when they were not taken (too small, over
 /// the bound, or the kernel cannot): the caller gives the range back itself.
+/// `several`: the range may span several kernel mappings (its block took
+/// moved-in pieces).
 ///
 /// # Safety
 /// `[p, p + len)` is a page-aligned read-write range of a mapping of ours
 /// whose contents nobody needs.
-pub unsafe fn keep(p: *mut u8, len: usize) -> bool {
+pub unsafe fn keep(p: *mut u8, len: usize, several: bool) -> bool {
     if len < SPARE_MIN || !usable_here() {
         return false;
     }
@@ -158,7 +160,7 @@ pub unsafe fn keep(p: *mut u8, len: usize) -> bool {
     }
     rt_level::note_kernel_entry();
     // SAFETY: caller contract.
-    let (moved, spans) = match unsafe { os::move_pages_out(p, len) } {
+    let (moved, spans) = match unsafe { os::move_pages_out(p, len, several) } {
         MovedOut::Moved { at, spans } => (at, spans),
         MovedOut::Refused => return false,
         MovedOut::Leaked { .. } => {

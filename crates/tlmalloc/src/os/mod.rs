@@ -17,7 +17,7 @@
 //! | `advise_huge_pages(p, size, huge)` | a range of ours | advice only |
 //! | `populate_write(p, size)` | a page-aligned read-write range of ours | its pages faulted in, contents kept (one call, no trap per page); `Refused` (no memory) or `Unsupported` (before Linux 5.14) otherwise, `errno` kept |
 //! | `page_resident(p)` | a page of ours | whether it is resident (`mincore`); false if unknown |
-//! | `grow_in_place(p, old, new)` / `move_mapping(from, old, to, new)` | mappings of ours | `mremap` without / with moving; false changes nothing |
+//! | `grow_in_place(p, old, new, several)` / `move_mapping(from, old, to, new)` | mappings of ours | `mremap` without / with moving; false changes nothing |
 //! | `now_ms()` | — | a coarse monotonic clock (vDSO: no system call) |
 //! | `define_thread_slot!(initial)` | expanded once, by the heap layer | defines the per-thread slot, starting as `&initial` |
 //! | `thread_slot()` / `set_thread_slot(p)` | — | this thread's slot |
