@@ -346,7 +346,7 @@ pub unsafe fn large_grow(segment: *mut Segment, usable: usize) -> *mut Segment {
             (*segment).pages[0].block_size = usable;
             return segment;
         }
-        if (*segment).large_pieces > 0 {
+        if several {
             // Several kernel mappings: `mremap` cannot move them as one
             // (before Linux 6.17 it would even unmap the target first).
             return ptr::null_mut();

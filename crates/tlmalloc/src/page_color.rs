@@ -136,17 +136,21 @@ static CLASS_COLOR: [u8; CLASS_COUNT] = {
     table
 };
 
-/// Where the blocks of a page of `class` start in the `space` bytes from
-/// the slot's first address aligned to the class size's natural alignment,
-/// and how many fit: `(offset, count)`; `offset` is a multiple of that
-/// alignment and `offset + count * class size <= space`.
-pub fn area_offset(space: usize, class: usize) -> (usize, usize) {
+/// The block area of a page of `class` whose blocks may lie in
+/// `first..end` (a slot, past the segment header in slot 0): where its
+/// first block starts and how many blocks fit, `(start, count)`. `start`
+/// is aligned to the class size's natural alignment (so every block of a
+/// class that is a multiple of `a` is `a`-aligned), at most
+/// [`COLOR_SPAN_MAX`] past the first such address, and
+/// `start + count * class size <= end`.
+pub fn area(first: usize, end: usize, class: usize) -> (usize, usize) {
     let size = class_size_const(class);
     let align = natural_alignment(size, POOL_ALIGN_MAX);
-    let (count, colors) = carving(space, size, align);
+    let aligned = first.next_multiple_of(align);
+    let (count, colors) = carving(end.saturating_sub(aligned), size, align);
     // No panic: `class < CLASS_COUNT` (caller contract).
     let color = CLASS_COLOR[class] as usize % colors;
-    (color * align, count)
+    (aligned + color * align, count)
 }
 
 #[cfg(test)]
@@ -167,7 +171,8 @@ mod tests {
                     continue;
                 }
                 let space = slot - first;
-                let (offset, count) = area_offset(space, class);
+                let (start, count) = area(header, slot, class);
+                let offset = start - first;
                 assert_eq!(offset % align, 0, "class {class} space {space}");
                 assert!(
                     offset + count * size <= space,
@@ -197,7 +202,7 @@ mod tests {
         for class in 0..CLASS_COUNT {
             let size = class_size_const(class);
             if (1024..=32 * 1024).contains(&size) {
-                let (offset, _) = area_offset(slot_size(class), class);
+                let (offset, _) = area(0, slot_size(class), class);
                 in_period[offset % CACHE_SET_PERIOD / LINE] += 1;
                 in_page[offset % OS_PAGE_SIZE / LINE] += 1;
                 classes += 1;

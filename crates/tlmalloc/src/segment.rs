@@ -10,13 +10,13 @@ use core::ptr::{self, addr_of_mut};
 
 use crate::config::{
     LARGE_PAGE_SHIFT, MEDIUM_PAGES_PER_SEGMENT, MEDIUM_PAGE_SHIFT, OS_PAGE_SIZE, PAGES_PER_SEGMENT,
-    POOL_ALIGN_MAX, SEGMENT_MASK, SMALL_PAGE_SHIFT, SPAN_SLOT_SHIFT,
+    SEGMENT_MASK, SMALL_PAGE_SHIFT, SPAN_SLOT_SHIFT,
 };
 use crate::counters;
 use crate::list::{Linked, Links};
 use crate::page::Page;
-use crate::page_color::area_offset;
-use crate::size_class::{class_size, natural_alignment};
+use crate::page_color;
+use crate::size_class::class_size;
 use crate::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use crate::written_pages::WrittenPages;
 
@@ -605,10 +605,8 @@ impl Segment {
     }
 
     /// The block area of page slot `index` for blocks of `class`: its start
-    /// (aligned to the class size's natural alignment, so every block of a
-    /// class that is a multiple of `a` is `a`-aligned, and moved into the
-    /// slot by the class's cache color: `page_color.rs`) and how many
-    /// blocks fit.
+    /// (aligned, and moved into the slot by the class's cache color:
+    /// `page_color::area`) and how many blocks fit.
     ///
     /// # Safety
     /// `segment` is a live segment header; `class < CLASS_COUNT`.
@@ -618,11 +616,9 @@ impl Segment {
         let base = segment as usize;
         let page_start = base + (index << shift);
         let page_end = page_start + (1usize << shift);
-        let align = natural_alignment(class_size(class), POOL_ALIGN_MAX);
         let first = page_start.max(base + METADATA_END);
-        let aligned = (first + align - 1) & !(align - 1);
-        let (offset, count) = area_offset(page_end.saturating_sub(aligned), class);
-        ((aligned + offset) as *mut u8, count as u32)
+        let (start, count) = page_color::area(first, page_end, class);
+        (start as *mut u8, count as u32)
     }
 }
 
