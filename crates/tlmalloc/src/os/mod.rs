@@ -4,7 +4,7 @@
 //! nothing of the crate but `sync`: it maps and unmaps, reads the clock and
 //! the environment, writes bytes, and keeps one opaque pointer per thread;
 //! what those calls mean to the allocator (and counting them) belongs to
-//! the layers above. Each primitive states its contract here; `linux.rs`
+//! the layers above. Each primitive states its contract here; `linux/`
 //! implements them for Linux (x86-64 and aarch64 read the thread's slot
 //! with one initial-exec TLS load).
 //!
