@@ -13,7 +13,8 @@ use crate::config::{
 };
 use crate::counters;
 use crate::handover::{self, flush_remote_batch};
-use crate::heap::{avail_list, thread_heap, HeapKind, HeapState, ThreadHeap, PROCESS_HEAP};
+use crate::heap::{thread_heap, HeapKind, ThreadHeap, PROCESS_HEAP};
+use crate::heap_state::{avail_list, HeapState};
 use crate::init::{init_thread_heap, thread_heap_or_init};
 use crate::large::{self, Origin};
 use crate::large_cache::LocalLargeCache;

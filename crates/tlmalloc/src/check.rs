@@ -5,7 +5,7 @@
 use core::ptr;
 
 use crate::config::DIRECT_SLOTS;
-use crate::heap::{empty_page, HeapState, LIST_COUNT};
+use crate::heap_state::{empty_page, HeapState, LIST_COUNT};
 use crate::list::List;
 use crate::os::valgrind;
 use crate::page::Page;
@@ -110,7 +110,7 @@ fn check_segment(heap: usize, state: &HeapState, segment: &Segment, list: u8) {
     check(segment.owner() == heap, "listed segment of another owner");
     check(segment.list == list, "segment on the wrong list");
     check(
-        (segment.free_mask == 0) == (list == crate::heap::LIST_FULL),
+        (segment.free_mask == 0) == (list == crate::heap_state::LIST_FULL),
         "full segment not on the full list",
     );
     let in_use_mask = segment.kind.all_pages_mask() & !segment.free_mask;

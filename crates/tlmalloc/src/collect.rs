@@ -4,7 +4,8 @@
 
 use crate::abandoned::ABANDONED;
 use crate::handover;
-use crate::heap::{thread_heap, HeapKind, HeapState, PROCESS_HEAP};
+use crate::heap::{thread_heap, HeapKind, PROCESS_HEAP};
+use crate::heap_state::HeapState;
 use crate::list::List;
 use crate::os;
 use crate::purge::{self, PurgePolicy};

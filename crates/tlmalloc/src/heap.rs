@@ -1,5 +1,6 @@
-//! Thread heaps: the type behind the malloc and free fast paths, its page
-//! queues and segment lists, and the static heaps every thread starts and
+//! Thread heaps: the type behind the malloc and free fast paths (its
+//! owner-only state, `HeapState`, is `heap_state.rs`'s), the purger's
+//! handshake with its owner, and the static heaps every thread starts and
 //! ends with.
 //!
 //! A thread starts with its TLS slot pointing at [`EMPTY_HEAP`], whose pages
@@ -10,27 +11,21 @@
 //! destructors do) is served from the locked [`PROCESS_HEAP`].
 //!
 //! The paths themselves live above this file (`alloc.rs`, `free.rs`,
-//! `collect.rs`); here is the data and the operations that keep its
-//! invariants: moving pages between queues, segments between lists, and
-//! giving empty pages and segments back.
+//! `collect.rs`).
 
 use core::cell::UnsafeCell;
 use core::ffi::c_void;
 use core::ptr;
 
-use crate::arena;
-use crate::config::{DIRECT_SIZE_MAX, DIRECT_SLOTS};
-use crate::counters::{self, HeapCounters, RETIRED};
-use crate::large_cache::LocalLargeCache;
+use crate::counters::{HeapCounters, RETIRED};
+use crate::heap_state::HeapState;
 use crate::list::{Linked, Links, List};
 use crate::lock::{SpinGuard, SpinLock};
 use crate::os;
 use crate::page::Page;
-use crate::purge::{self, PurgeClock, PurgePolicy};
+use crate::purge::{self, PurgePolicy};
 use crate::remote_batch::RemoteBatch;
-use crate::retired_pages::RetiredPages;
-use crate::segment::{Segment, SegmentKind};
-use crate::size_class::{class_size, CLASS_COUNT};
+use crate::segment::Segment;
 use crate::sync::{compiler_fence, AtomicBool, AtomicPtr, Ordering};
 
 /// What a heap is, which decides what its slow path does.
@@ -48,55 +43,6 @@ pub enum HeapKind {
     /// A `tlmalloc::Heap`: allocated from by one thread at a time (whoever
     /// holds the `Heap`), freed into from any thread, destroyed whole.
     User,
-}
-
-/// Which of a heap's segment lists a segment is on (`Segment::list`).
-pub const LIST_SMALL_AVAIL: u8 = 0;
-/// Medium segments with a free page slot.
-pub const LIST_MEDIUM_AVAIL: u8 = 1;
-/// Segments with no free page slot.
-pub const LIST_FULL: u8 = 2;
-/// Number of segment lists.
-pub const LIST_COUNT: usize = 3;
-
-/// The list a segment of `kind` with a free slot belongs on.
-pub(crate) fn avail_list(kind: SegmentKind) -> u8 {
-    if kind == SegmentKind::Small {
-        LIST_SMALL_AVAIL
-    } else {
-        LIST_MEDIUM_AVAIL
-    }
-}
-
-/// The part of a heap only its owner touches.
-///
-/// Invariants:
-/// - `[direct-current]`: `direct[s] == current[direct_class(s)]` for every
-///   slot `s`; `current[c]` is the first page of `queues[c]`, or the static
-///   empty page when the queue is empty (never null: the fast path
-///   dereferences it blindly), and carries the pin (`[page-accounting]`).
-/// - `[queues]`: every page on `queues[c]` is `in_use`, of class `c`,
-///   `queued`, and lies in a segment on one of `segments` (so owned by this heap).
-/// - `[segment-lists]`: a segment on `segments[l]` has `list == l` and
-///   `owner` = this heap; it is on `LIST_FULL` exactly when its `free_mask`
-///   is 0, else on the avail list of its kind.
-#[repr(C)]
-pub struct HeapState {
-    /// Page of each 8-byte size step up to `DIRECT_SIZE_MAX` (the fast path's only lookup).
-    pub direct: [*mut Page; DIRECT_SLOTS],
-    /// Page allocations of each class come from.
-    pub current: [*mut Page; CLASS_COUNT],
-    /// Pages of each class, the current one first.
-    queues: [List<Page>; CLASS_COUNT],
-    /// Segments by state (`LIST_*`).
-    segments: [List<Segment>; LIST_COUNT],
-    /// Freed large blocks kept for this thread's next large requests.
-    pub local_large: LocalLargeCache,
-    /// When this heap next purges.
-    pub purge: PurgeClock,
-    /// Pages its own frees emptied, kept queued until its next purge pass
-    /// (`[retired]`).
-    retired: RetiredPages,
 }
 
 /// A heap: the pages and segments one thread allocates from.
@@ -185,28 +131,11 @@ unsafe impl Linked for ThreadHeap {
     }
 }
 
-/// The page of the static heaps: its free list is empty forever. `static mut`
-/// only so that pointers to it are mutable-derived; nothing ever writes it.
-static mut EMPTY_PAGE: Page = Page::new();
-
-/// The static empty page (`[direct-current]`).
-pub const fn empty_page() -> *mut Page {
-    &raw mut EMPTY_PAGE
-}
-
 impl ThreadHeap {
     /// A heap of `kind` with no page (every class on the empty page).
     pub const fn new(kind: HeapKind) -> Self {
         ThreadHeap {
-            state: UnsafeCell::new(HeapState {
-                direct: [empty_page(); DIRECT_SLOTS],
-                current: [empty_page(); CLASS_COUNT],
-                queues: [const { List::new() }; CLASS_COUNT],
-                segments: [const { List::new() }; LIST_COUNT],
-                local_large: LocalLargeCache::new(),
-                purge: PurgeClock::new(),
-                retired: RetiredPages::new(),
-            }),
+            state: UnsafeCell::new(HeapState::new()),
             kind,
             counters: HeapCounters::new(),
             registry: UnsafeCell::new(Links::new()),
@@ -453,37 +382,15 @@ impl ThreadHeap {
     }
 }
 
-/// The segment lists a purge pass walks: only a segment with a free slot
-/// can hold a free page to purge.
-fn avail_lists(segments: &[List<Segment>; LIST_COUNT]) -> [&List<Segment>; 2] {
-    [
-        &segments[LIST_SMALL_AVAIL as usize],
-        &segments[LIST_MEDIUM_AVAIL as usize],
-    ]
-}
-
-impl HeapState {
-    /// Whether the heap still holds memory a later purge pass would return
-    /// (dirty free pages, cached large blocks).
-    pub fn holds_purgeable(&self) -> bool {
-        purge::parts_hold_purgeable(&self.segments, &self.local_large)
-    }
-}
-
 impl ThreadHeap {
     /// [`HeapState::holds_purgeable`] for the purger (`[purge-handshake]`).
     ///
     /// # Safety
     /// As [`ThreadHeap::purge_idle`].
     pub(crate) unsafe fn holds_purgeable(&self) -> bool {
-        let state = self.state.get();
-        // SAFETY: caller contract; only these two fields are borrowed.
-        unsafe {
-            purge::parts_hold_purgeable(
-                &*ptr::addr_of!((*state).segments),
-                &*ptr::addr_of!((*state).local_large),
-            )
-        }
+        // SAFETY: caller contract: the owner cannot change the segment
+        // lists or the local large cache until the flag clears.
+        unsafe { HeapState::holds_purgeable_idle(self.state.get()) }
     }
 
     /// Purge an idle heap's free pages and cached large blocks: the
@@ -493,19 +400,8 @@ impl ThreadHeap {
     /// The caller is the purger, set this heap's `purger_here`, issued the
     /// barrier, then saw `busy == false`, and has not cleared the flag.
     pub(crate) unsafe fn purge_idle(&self, now_ms: u64, policy: PurgePolicy) {
-        let state = self.state.get();
-        // SAFETY: caller contract: the owner cannot change these fields
-        // until the flag clears; only these two fields are borrowed.
-        unsafe {
-            let segments = &*ptr::addr_of!((*state).segments);
-            let local_large = &mut *ptr::addr_of_mut!((*state).local_large);
-            if local_large.held() {
-                // A realtime-prepared heap: its owner may be waiting for
-                // us in `begin_change`, so touch nothing and let it go.
-                return;
-            }
-            purge::purge_heap_parts(avail_lists(segments), local_large, now_ms, policy, false);
-        }
+        // SAFETY: caller contract, as `HeapState::purge_idle` requires.
+        unsafe { HeapState::purge_idle(self.state.get(), now_ms, policy) }
     }
 }
 
@@ -636,268 +532,5 @@ pub fn thread_large_cache() -> (usize, usize) {
         let heap = &*thread_heap();
         let bytes = (*ThreadHeap::state_ptr(heap)).local_large.bytes();
         (heap.counters.large_local_hits.get(), bytes)
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Page queues and segment lists (owner only)
-// ---------------------------------------------------------------------------
-
-impl HeapState {
-    /// Keep `current` and `direct` equal to the queue's first page
-    /// (`[direct-current]`), moving the pin from the old current page to
-    /// the new one.
-    ///
-    /// The pin is one phantom unit in the current page's `used`: it keeps
-    /// `used` above 0 while allocations come from the page, so a local free
-    /// never finds the current page empty (and never leaves the fast path
-    /// for it). A page that loses the pin with no live block is left
-    /// queued; the next scan, `collect` or thread exit finds it empty.
-    fn refresh_current(&mut self, class: usize) {
-        // No panic: every caller passes the class of a page in use, or a
-        // class from the size-class table (`< CLASS_COUNT`).
-        let first = self.queues[class].first();
-        let page = if first.is_null() { empty_page() } else { first };
-        let old = self.current[class];
-        if old == page {
-            return;
-        }
-        // SAFETY: `[queues]`: a current page other than the static one is a
-        // live page of this heap, so its `used` is ours (`[page-owner]`).
-        unsafe {
-            if old != empty_page() {
-                (*old).used -= 1;
-            }
-            if page != empty_page() {
-                (*page).used += 1;
-            }
-        }
-        self.current[class] = page;
-        if class_size(class) <= DIRECT_SIZE_MAX {
-            // The direct slots of a class are the 8-byte steps above the
-            // previous class's size, up to its own.
-            let low = if class == 0 {
-                0
-            } else {
-                class_size(class - 1) / 8 + 1
-            };
-            let high = class_size(class) / 8;
-            // No panic: inside this test, `low <= high <= DIRECT_SIZE_MAX / 8
-            // < DIRECT_SLOTS`.
-            for slot in &mut self.direct[low..=high] {
-                *slot = page;
-            }
-        }
-    }
-
-    /// The first page of `class`'s queue, or null.
-    pub fn queue_first(&self, class: usize) -> *mut Page {
-        self.queues[class].first()
-    }
-
-    /// The last page of `class`'s queue, or null.
-    #[cfg(feature = "check")]
-    pub fn queue_last(&self, class: usize) -> *mut Page {
-        self.queues[class].last()
-    }
-
-    /// Queue `page` first: it becomes the current page of its class.
-    ///
-    /// # Safety
-    /// `page` is an unqueued page in use in a segment of this heap.
-    pub unsafe fn queue_push_front(&mut self, page: *mut Page) {
-        // SAFETY: caller contract; `[queues]` holds for `page`.
-        let class = unsafe {
-            (*page).queued = true;
-            // No panic: a page in use has `class < CLASS_COUNT` (`[queues]`).
-            self.queues[(*page).class as usize].push_front(page);
-            (*page).class as usize
-        };
-        self.refresh_current(class);
-    }
-
-    /// Queue `page` last.
-    ///
-    /// # Safety
-    /// As [`HeapState::queue_push_front`].
-    pub unsafe fn queue_push_back(&mut self, page: *mut Page) {
-        // SAFETY: caller contract; `[queues]` holds for `page`.
-        let class = unsafe {
-            (*page).queued = true;
-            // No panic: a page in use has `class < CLASS_COUNT` (`[queues]`).
-            self.queues[(*page).class as usize].push_back(page);
-            (*page).class as usize
-        };
-        self.refresh_current(class);
-    }
-
-    /// Take `page` off its queue.
-    ///
-    /// # Safety
-    /// `page` is on this heap's queue of its class.
-    pub unsafe fn queue_remove(&mut self, page: *mut Page) {
-        // `[retired]`: a kept page is a queued one.
-        // SAFETY: caller contract: a queued page is a live page of ours.
-        unsafe { self.retired.forget(page) };
-        // SAFETY: caller contract.
-        let class = unsafe {
-            (*page).queued = false;
-            // No panic: a queued page has `class < CLASS_COUNT` (`[queues]`).
-            self.queues[(*page).class as usize].remove(page);
-            (*page).class as usize
-        };
-        self.refresh_current(class);
-    }
-
-    /// Move `page` (queued) to the back of its queue.
-    ///
-    /// # Safety
-    /// As [`HeapState::queue_remove`].
-    pub unsafe fn queue_rotate(&mut self, page: *mut Page) {
-        // SAFETY: caller contract; the page is back on its queue on return.
-        unsafe {
-            self.queue_remove(page);
-            self.queue_push_back(page);
-        }
-    }
-
-    /// Take the first page off the queue of `class`, if any.
-    pub fn unqueue_first(&mut self, class: usize) -> Option<*mut Page> {
-        let page = self.queues[class].first();
-        if page.is_null() {
-            return None;
-        }
-        // SAFETY: the queue's first page is on it.
-        unsafe { self.queue_remove(page) };
-        Some(page)
-    }
-
-    /// The first segment of list `list`, or null.
-    pub fn segments_first(&self, list: u8) -> *mut Segment {
-        self.segments[list as usize].first()
-    }
-
-    /// Put `segment` on list `list`.
-    ///
-    /// # Safety
-    /// `segment` is on no list, and this heap owns it (`[segment-lists]`).
-    pub unsafe fn segment_push(&mut self, segment: *mut Segment, list: u8) {
-        // SAFETY: caller contract.
-        unsafe {
-            (*segment).list = list;
-            self.segments[list as usize].push_front(segment);
-        }
-    }
-
-    /// Take `segment` off its list.
-    ///
-    /// # Safety
-    /// `segment` is on one of this heap's lists.
-    pub unsafe fn segment_remove(&mut self, segment: *mut Segment) {
-        // SAFETY: caller contract: `list` names the list it is on.
-        // No panic: `list` is only ever set from `SegmentList as u8`.
-        unsafe { self.segments[(*segment).list as usize].remove(segment) };
-    }
-
-    /// Take the first segment off list `list`, if any.
-    pub fn unlist_first(&mut self, list: usize) -> Option<*mut Segment> {
-        // SAFETY: the heap's segments are its own (`[segment-lists]`).
-        unsafe { self.segments[list].pop_front() }
-    }
-
-    /// Put a segment that just got a page slot back on the right list
-    /// (`[segment-lists]`), or move one that just lost its last free slot
-    /// to the full list.
-    ///
-    /// # Safety
-    /// `segment` is on one of this heap's lists.
-    pub unsafe fn segment_relist(&mut self, segment: *mut Segment) {
-        // SAFETY: caller contract.
-        unsafe {
-            let list = if (*segment).free_mask == 0 {
-                LIST_FULL
-            } else {
-                avail_list((*segment).kind)
-            };
-            if (*segment).list != list {
-                self.segment_remove(segment);
-                self.segment_push(segment, list);
-            }
-        }
-    }
-
-    /// The list a segment this heap adopts belongs on (`[segment-lists]`).
-    pub fn list_for(segment: &Segment) -> u8 {
-        if segment.free_mask == 0 {
-            LIST_FULL
-        } else {
-            avail_list(segment.kind)
-        }
-    }
-
-    /// Give an empty page back to its segment, and the segment back to the
-    /// arena when it has no page left.
-    ///
-    /// # Safety
-    /// This heap owns `page` (in a segment on its lists); `page.used == 0`.
-    pub unsafe fn release_page(&mut self, page: *mut Page) {
-        // SAFETY: caller contract; `[segment-header]` finds the segment.
-        unsafe {
-            if (*page).queued {
-                self.queue_remove(page);
-            }
-            let segment = Segment::of(page.cast());
-            let index = (*segment).page_index(page);
-            counters::record_page(1usize << (*segment).page_shift, false);
-            arena::note_purgeable();
-            if (*segment).release_page(index) {
-                self.segment_remove(segment);
-                (*segment).set_owner(0);
-                arena::segment_free(segment);
-            } else {
-                self.segment_relist(segment);
-            }
-        }
-    }
-
-    /// Purge what this heap holds: dirty free pages of its segments and its
-    /// local large cache (`force`: everything, releasing cached blocks).
-    pub fn purge_owned(&mut self, now_ms: u64, policy: PurgePolicy, force: bool) {
-        self.release_retired();
-        let lists = avail_lists(&self.segments);
-        purge::purge_heap_parts(lists, &mut self.local_large, now_ms, policy, force);
-    }
-
-    /// The owner's frees emptied `page`, which is not current: keep it
-    /// queued, with its blocks, for the next refill of its class while the
-    /// bounds of `[retired]` allow, else give it back to its segment.
-    ///
-    /// # Safety
-    /// As [`HeapState::release_page`].
-    pub unsafe fn retire_page(&mut self, page: *mut Page) {
-        // SAFETY: caller contract: a live page of this heap's segment,
-        // kept only while queued.
-        unsafe {
-            if (*page).queued && (self.retired.holds(page) || self.retired.keep(page)) {
-                return;
-            }
-            self.release_page(page);
-        }
-    }
-
-    /// Give back the kept pages that are still empty (`[retired]`); the
-    /// others were refilled and stay as they are.
-    pub fn release_retired(&mut self) {
-        core::mem::take(&mut self.retired).for_each(|page| {
-            // SAFETY: `[retired]`: a kept page is still on this heap's queue;
-            // an empty one is not current (`[page-accounting]`: the current
-            // page carries the pin).
-            unsafe {
-                debug_assert!((*page).in_use && (*page).queued);
-                if (*page).is_unused() {
-                    self.release_page(page);
-                }
-            }
-        });
     }
 }

@@ -104,6 +104,8 @@ mod check;
 mod heap;
 #[cfg(not(loom))]
 mod heap_pool;
+#[cfg(not(loom))]
+mod heap_state;
 
 // Registry and views.
 #[cfg(not(loom))]

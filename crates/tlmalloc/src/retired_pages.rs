@@ -9,7 +9,7 @@
 //! than on its mallocs. A kept page stays queued with its free blocks, so the
 //! next round's refill finds it as it was.
 //!
-//! The container only remembers which pages were kept; the heap (`heap.rs`)
+//! The container only remembers which pages were kept; the heap (`heap_state.rs`)
 //! decides what to keep and releases the kept pages that are still empty at
 //! its next purge pass; a page emptied while the container is full goes
 //! back at once. What it keeps is bounded ([`RETIRED_PAGES`] pages, [`RETIRED_BYTES_MAX`] bytes),
