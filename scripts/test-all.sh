@@ -39,7 +39,7 @@ echo "== cargo test --workspace --release"
 cargo test --workspace --release
 
 echo "== invariant checkers on (feature check), per-op counters (feature stats)"
-cargo test -p tlmalloc --release --features check --test stress --test alignment --test misuse --test large_cache
+cargo test -p tlmalloc --release --features check --test stress --test alignment --test misuse --test large_cache --test realloc_large
 cargo test -p tlmalloc --release --features check,stats --test sized_free --test user_heap --test pool --test allocator_api --test fuzz_model # wrong sizes abort
 # Exact per-op counters per size class: without `check`, whose slack
 # canary pads every request (and so moves some of them up a class).

@@ -181,6 +181,12 @@ fn doubling_to_a_gib_with_std_realloc_remaps() {
 #[test]
 fn shrinking_a_large_block() {
     let _s = serial();
+    // With `check`, a block stays where it is only when a fresh request of
+    // the new size would get that very block (`stays_in_place`: a sized
+    // free insists on the exact class), and 256 KiB plus the slack trailer
+    // is a span block that a medium size leaves: there the addresses are
+    // not promised, only the bytes the shrinks kept.
+    let in_place = !cfg!(feature = "check");
     for size in [256 * KIB, 3 * MIB, 10 * MIB, 200 * MIB] {
         let p = tlmalloc::malloc(size);
         assert!(!p.is_null());
@@ -190,16 +196,29 @@ fn shrinking_a_large_block() {
         unsafe {
             // By a little: in place.
             let q = tlmalloc::realloc(p, size - size / 16);
-            assert_eq!(q, p, "shrinking {size} by 1/16 moved the block");
+            assert!(!q.is_null());
+            if in_place {
+                assert_eq!(q, p, "shrinking {size} by 1/16 moved the block");
+            }
             let q = tlmalloc::realloc(q, size - size / 3);
-            assert_eq!(q, p, "shrinking {size} by 1/3 moved the block");
+            assert!(!q.is_null());
+            if in_place {
+                assert_eq!(q, p, "shrinking {size} by 1/3 moved the block");
+            }
             // Back up to the original size: still in place (the block kept
             // its usable size).
             let q = tlmalloc::realloc(q, size);
-            assert_eq!(q, p, "growing {size} back moved the block");
-            assert!(std::slice::from_raw_parts(q, size)
+            assert!(!q.is_null());
+            let kept = if in_place {
+                assert_eq!(q, p, "growing {size} back moved the block");
+                size
+            } else {
+                size - size / 3
+            };
+            assert!(std::slice::from_raw_parts(q, kept)
                 .iter()
                 .all(|&b| b == 0x3C));
+            let p = q;
             // To a small size: a small block with the prefix.
             let r = tlmalloc::realloc(q, 100);
             assert!(!r.is_null());
@@ -223,7 +242,10 @@ fn shrinking_a_large_block() {
         assert!(!p.is_null());
         std::ptr::write_bytes(p, 0x77, 8 * MIB);
         let q = realloc(p, layout, 7 * MIB);
-        assert_eq!(q, p, "std realloc shrinking 8 MiB to 7 MiB moved the block");
+        assert!(!q.is_null());
+        if in_place {
+            assert_eq!(q, p, "std realloc shrinking 8 MiB to 7 MiB moved the block");
+        }
         let r = realloc(q, Layout::from_size_align(7 * MIB, 16).unwrap(), 64);
         assert!(!r.is_null());
         assert_ne!(r, p);
