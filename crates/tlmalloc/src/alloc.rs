@@ -25,6 +25,8 @@ use crate::page::Page;
 use crate::purge::{self, PurgePolicy};
 use crate::purger;
 use crate::report;
+use crate::rt_level;
+use crate::rt_pending;
 use crate::segment::{Segment, SegmentKind};
 use crate::size_class::{class_of, class_size, direct_class, medium_class_of, FIRST_MEDIUM_CLASS};
 use crate::span;
@@ -195,6 +197,10 @@ fn flush_for_retry(state: Option<&mut HeapState>) -> bool {
         state.purge_owned(now, PurgePolicy::current(), true);
     }
     purge::purge_shared(now, true);
+    // Segments offloaded to the purger still count as reserved.
+    if !rt_level::defers() {
+        rt_pending::drain();
+    }
     arena::capped() || counters::os_stats().reserved_bytes < reserved
 }
 

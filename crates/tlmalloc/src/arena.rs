@@ -19,6 +19,7 @@ use core::ptr;
 
 use crate::config::{OS_PAGE_SIZE, SEGMENT_CACHE_SLOTS, SEGMENT_CACHE_WINDOW_OPS, SEGMENT_SIZE};
 use crate::counters;
+use crate::doorbell;
 use crate::lock::SpinLock;
 use crate::option_values::PURGE_FREE;
 use crate::options::{self, Opt};
@@ -28,7 +29,7 @@ use crate::rt_level;
 use crate::rt_pending;
 use crate::segment::{slot_purge_range_at, Segment, SegmentKind, GUARD_OFFSET, METADATA_PAGES_END};
 use crate::segment_map::{self, CHUNK_FOREIGN, CHUNK_SEGMENT};
-use crate::sync::{AtomicBool, AtomicU32, Ordering};
+use crate::sync::{AtomicBool, Ordering};
 
 /// Empty, mapped, standard-size segments ready for reuse. Each one keeps
 /// its header's OS pages (`cached_at_ms`, `purged`, `zeroed`, `written`)
@@ -178,49 +179,6 @@ pub unsafe fn after_fork_child() {
     }
 }
 
-// ---------------------------------------------------------------------------
-// The background purger's doorbell
-// ---------------------------------------------------------------------------
-
-/// Free memory that a purge would return appeared since the purger last
-/// looked (a page went back to its segment, a block or segment was cached).
-static PURGEABLE: AtomicBool = AtomicBool::new(false);
-/// 1 while the background purger sleeps with nothing to do (`futex_wait`).
-pub static PURGER_ASLEEP: AtomicU32 = AtomicU32::new(0);
-
-/// Record that free memory a purge would return exists, and wake the
-/// background purger if it sleeps for want of work. Cheap when nothing
-/// changed since the purger's last look: one load.
-#[inline]
-pub fn note_purgeable() {
-    if !PURGEABLE.load(Ordering::Relaxed) {
-        note_purgeable_slow();
-    }
-}
-
-#[cold]
-#[inline(never)]
-fn note_purgeable_slow() {
-    // SeqCst pairs with the purger's: it sets `PURGER_ASLEEP` and then
-    // reads `PURGEABLE`; we set `PURGEABLE` and then read `PURGER_ASLEEP`,
-    // so one of us sees the other and the purger never sleeps on work.
-    PURGEABLE.store(true, Ordering::SeqCst);
-    // A deferring thread makes no system call, not even the wake: the
-    // purger finds the flag on its next pass (or a drain does the work).
-    if rt_level::defers() {
-        return;
-    }
-    if PURGER_ASLEEP.load(Ordering::SeqCst) == 1 && PURGER_ASLEEP.swap(0, Ordering::SeqCst) == 1 {
-        os::futex_wake(&PURGER_ASLEEP);
-    }
-}
-
-/// The purger's side: whether anything became purgeable since the last
-/// call (and forget it).
-pub fn take_purgeable() -> bool {
-    PURGEABLE.swap(false, Ordering::SeqCst)
-}
-
 /// The cached segments waiting in the arena (for the purger's "anything
 /// left?" question).
 pub fn cached_segments() -> usize {
@@ -265,6 +223,7 @@ pub fn map_large_block(size: usize, align: usize) -> *mut u8 {
 }
 
 fn map_with(size: usize, align: usize, large_block: bool) -> *mut u8 {
+    unpark_before_growth(size);
     if !reserve_ok(size) {
         return ptr::null_mut();
     }
@@ -279,6 +238,21 @@ fn map_with(size: usize, align: usize, large_block: bool) -> *mut u8 {
         os::advise_huge_pages(p, size, options::thp_advice(large_block));
     }
     p
+}
+
+/// Invariant `[offload-peak]`: the segments threads offloaded to the
+/// purger (`rt_pending::offload`) never raise the process's high-water
+/// mark of mapped bytes: a mapping (or growth) of `more` bytes that would
+/// take the reserved bytes past it first unmaps whatever is parked, as the
+/// frees would have. A deferring thread leaves them (it makes no unmap).
+fn unpark_before_growth(more: usize) {
+    if rt_pending::bytes() == 0 || rt_level::defers() {
+        return;
+    }
+    let (reserved, peak) = counters::reserved_and_peak();
+    if reserved.saturating_add(more) > peak {
+        rt_pending::drain();
+    }
 }
 
 /// Whether the THP policy advises the mappings of large blocks beyond a
@@ -301,17 +275,24 @@ pub fn advise_grown_large_block(p: *mut u8, size: usize) {
 
 /// Give `[p, p + size)` back to the OS — or, on a deferring thread, park
 /// it for a drain (past `TLMALLOC_RT_PENDING_MAX`, unmap it anyway and
-/// count a forced release).
+/// count a forced release); on any other thread while the background
+/// purger runs, a segment or more is parked for the purger to unmap
+/// (`rt_pending::offload`).
 ///
 /// # Safety
 /// The range was mapped through this module and nothing uses it any more.
 pub unsafe fn unmap(p: *mut u8, size: usize) {
     if rt_level::defers() {
         // SAFETY: caller contract (ranges of ours are page multiples).
-        if unsafe { rt_pending::park(p, size) } {
+        if unsafe { rt_pending::park(p, size, options::get(Opt::RtPendingMax)) } {
             return;
         }
         rt_level::note_forced_release();
+    } else {
+        // SAFETY: caller contract, as for the park above.
+        if unsafe { rt_pending::offload(p, size) } {
+            return;
+        }
     }
     // SAFETY: caller contract.
     unsafe { os::unmap(p, size) };
@@ -401,6 +382,7 @@ pub unsafe fn purge_slot_runs(base: usize, page_shift: u32, mut mask: u64, lazy:
 /// # Safety
 /// `[p, p + old)` is a mapping made through this module.
 pub unsafe fn grow_in_place(p: *mut u8, old: usize, new: usize, several: bool) -> bool {
+    unpark_before_growth(new - old);
     if !reserve_ok(new - old) {
         return false;
     }
@@ -579,7 +561,7 @@ unsafe fn segment_free_or_unmap(segment: *mut Segment, cacheable: bool) {
             let window_idle = cache.close_window();
             (evicted, cache.take_unpurged_bottom(window_idle, &mut idle))
         };
-        note_purgeable();
+        doorbell::note_purgeable();
         if !evicted.is_null() {
             // SAFETY: out of the cache: an unused standard mapping, ours.
             unsafe { unmap_cached(evicted) };
@@ -826,5 +808,46 @@ mod tests {
             "a full cache takes no segment back"
         );
         assert_eq!(cache.slots[0], seg(9));
+    }
+
+    /// Offloading (`rt_pending::offload`) and `[offload-peak]`, in one test
+    /// because both use the process-wide pending list and counters (no
+    /// purger runs in this test process: nothing drains meanwhile).
+    #[test]
+    fn offloaded_segments_wait_for_a_drain_and_never_raise_the_peak() {
+        let parked_before = rt_pending::bytes();
+        rt_pending::set_offload(false);
+        let a = map(SEGMENT_SIZE);
+        assert!(!a.is_null());
+        // SAFETY: `a` is a fresh mapping of ours that nothing uses.
+        let parked = unsafe { rt_pending::offload(a, SEGMENT_SIZE) };
+        assert!(!parked, "no purger: inline");
+        rt_pending::set_offload(true);
+        // SAFETY: as above; a range smaller than a segment stays inline.
+        assert!(!unsafe { rt_pending::offload(a, SEGMENT_SIZE / 2) });
+        // SAFETY: as above, given up here.
+        unsafe { unmap(a, SEGMENT_SIZE) };
+        assert_eq!(
+            rt_pending::bytes(),
+            parked_before + SEGMENT_SIZE,
+            "parked, not unmapped"
+        );
+
+        // A mapping that stays under the high-water mark leaves it parked;
+        // one that would pass it unmaps it first.
+        let (reserved, peak) = counters::reserved_and_peak();
+        unpark_before_growth(peak - reserved);
+        assert_eq!(rt_pending::bytes(), parked_before + SEGMENT_SIZE);
+        unpark_before_growth(peak - reserved + OS_PAGE_SIZE);
+        assert_eq!(
+            rt_pending::bytes(),
+            0,
+            "the growth past the peak drained it"
+        );
+        assert_eq!(
+            counters::reserved_and_peak().0,
+            reserved - SEGMENT_SIZE - parked_before
+        );
+        rt_pending::set_offload(false);
     }
 }

@@ -9,13 +9,16 @@ use crate::heap_state::HeapState;
 use crate::list::List;
 use crate::os;
 use crate::purge::{self, PurgePolicy};
+use crate::rt_level;
+use crate::rt_pending;
 use crate::size_class::CLASS_COUNT;
 
 /// Return what the calling thread can return now: its own waiting remote
 /// frees handed to their pages, remote frees collected, empty pages
 /// released, abandoned segments adopted (releasing the empty ones), and
 /// every cache (this thread's, the shared large-block level, the segment
-/// cache) given back to the OS.
+/// cache) given back to the OS, and the segments threads offloaded to the
+/// background purger unmapped (unless this thread defers its unmaps).
 pub fn collect() {
     let heap = thread_heap();
     // SAFETY: `[tls-heap]`; `[heap-owner]`: a thread heap's state is ours.
@@ -38,6 +41,9 @@ pub fn collect() {
         sweep(unsafe { process.state() });
     }
     purge::purge_shared(os::now_ms(), true);
+    if !rt_level::defers() {
+        rt_pending::drain();
+    }
 }
 
 /// The cheap part of `collect`: the calling thread's own heap only (its

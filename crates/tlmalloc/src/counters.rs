@@ -84,6 +84,14 @@ pub(crate) fn record_map(size: usize) {
     cells::peak_reserved_bytes.fetch_max(now, Ordering::Relaxed);
 }
 
+/// The bytes mapped now and their high-water mark.
+pub(crate) fn reserved_and_peak() -> (usize, usize) {
+    (
+        cells::reserved_bytes.load(Ordering::Relaxed),
+        cells::peak_reserved_bytes.load(Ordering::Relaxed),
+    )
+}
+
 /// `bytes` of resident pages became spare (`kept`) or were moved into a
 /// large block (`spare_pages.rs`).
 pub(crate) fn record_spare(bytes: usize, kept: bool) {

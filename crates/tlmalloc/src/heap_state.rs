@@ -10,6 +10,7 @@ use core::ptr;
 use crate::arena;
 use crate::config::{DIRECT_SIZE_MAX, DIRECT_SLOTS};
 use crate::counters;
+use crate::doorbell;
 use crate::large_cache::LocalLargeCache;
 use crate::list::List;
 use crate::page::Page;
@@ -354,7 +355,7 @@ impl HeapState {
             let segment = Segment::of(page.cast());
             let index = (*segment).page_index(page);
             counters::record_page(1usize << (*segment).page_shift, false);
-            arena::note_purgeable();
+            doorbell::note_purgeable();
             if (*segment).release_page(index) {
                 self.segment_remove(segment);
                 (*segment).set_owner(0);

@@ -24,6 +24,7 @@ use core::ptr;
 use crate::arena;
 use crate::config::{LARGE_CACHE_SIZE_MAX, OS_PAGE_SIZE, SEGMENT_SIZE};
 use crate::counters;
+use crate::doorbell;
 use crate::large_cache::{LocalLargeCache, SHARED};
 use crate::large_segment::{
     large_cacheable, large_grow, large_map, large_mark_cached, large_release, large_reuse,
@@ -569,7 +570,7 @@ unsafe fn keep_freed(
             return false;
         }
         large_mark_cached(segment, stamp_ms);
-        arena::note_purgeable();
+        doorbell::note_purgeable();
         if let Some(local) = local {
             let kept = if held {
                 local.put(segment, || usize::MAX)

@@ -54,6 +54,8 @@ mod os {
 
 // Primitives over the OS.
 mod counters;
+#[cfg(not(loom))]
+mod doorbell;
 #[doc(hidden)]
 pub mod lock;
 #[cfg(not(loom))]

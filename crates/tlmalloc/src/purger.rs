@@ -27,23 +27,25 @@
 //!    that freed into other threads' pages and went quiet holds nothing
 //!    back from them past a pass.
 //!
-//! Each pass also unmaps the ranges deferring (realtime) threads parked
-//! (`rt_pending.rs`); the purger itself is exempt from the realtime floor,
+//! Each pass also unmaps the ranges deferring (realtime) threads parked,
+//! and the segments other threads offloaded to it (`rt_pending.rs`: a
+//! thread that parks 16 MiB wakes it for that at once); the purger itself is exempt from the realtime floor,
 //! and a marked thread never starts it (`pthread_create` maps a stack).
 //! Deferring threads do not ring the doorbell (a `futex` wake is a system
 //! call), so once the realtime mode is in use (`rt_level::in_use`) the
 //! purger never sleeps for good: it looks again every interval.
 //!
 //! When a pass finds nothing left to wait for, the purger sleeps on a futex
-//! until the doorbell rings (`arena::note_purgeable`). Without `membarrier`
+//! until the doorbell rings (`doorbell::note_purgeable`). Without `membarrier`
 //! (an old kernel, a seccomp filter) step 3 is skipped and idle heaps keep
 //! their memory until their next slow path, as without the purger.
 
 use core::ffi::c_void;
 
 use crate::abandoned::ABANDONED;
-use crate::arena::{self, PURGER_ASLEEP};
+use crate::arena;
 use crate::counters::RETIRED;
+use crate::doorbell::{self, PURGER_ASLEEP};
 use crate::handover;
 use crate::heap::{HeapKind, ThreadHeap, PROCESS_HEAP};
 use crate::large;
@@ -154,6 +156,8 @@ pub fn without_passes<R>(f: impl FnOnce() -> R) -> R {
 pub unsafe fn after_fork_child() {
     STARTED.store(false, Ordering::Relaxed);
     PURGER_ASLEEP.store(0, Ordering::Relaxed);
+    // No purger here until one starts: no thread may offload meanwhile.
+    rt_pending::set_offload(false);
     // SAFETY: caller contract: whoever held the pass lock (the purger, or
     // a thread in `without_passes`) does not exist here.
     unsafe { PASS.force_unlock() };
@@ -163,6 +167,8 @@ pub unsafe fn after_fork_child() {
 extern "C" fn run(_: *mut c_void) -> *mut c_void {
     // Whatever `TLMALLOC_RT_DEFAULT` says, the purger does the work others defer.
     rt_level::set_exempt(true);
+    // From now on threads may leave their segments' unmaps to the passes.
+    rt_pending::set_offload(true);
     // Registered here, not by the `malloc` that started the purger: the
     // process has a second thread by then, so the kernel makes the
     // registration wait out an RCU grace period (`synchronize_rcu`), 12 ms
@@ -172,12 +178,14 @@ extern "C" fn run(_: *mut c_void) -> *mut c_void {
     loop {
         if options::get(Opt::BackgroundPurge) == 0 {
             // Turned off at run time: do nothing until it is turned on
-            // again (and memory is freed, which rings the doorbell).
+            // again (and memory is freed, which rings the doorbell), but
+            // for the ranges offloaded before the threads saw it.
+            rt_pending::drain();
             sleep_until_rung();
             continue;
         }
         // Cleared before the pass: what is freed during it rings again.
-        arena::take_purgeable();
+        doorbell::take_purgeable();
         let policy = PurgePolicy::current();
         let pending = match PASS.try_lock() {
             Some(_pass) => pass(os::now_ms(), policy),
@@ -195,8 +203,8 @@ extern "C" fn run(_: *mut c_void) -> *mut c_void {
 /// Sleep until free memory appears (or the purger is turned on again).
 fn sleep_until_rung() {
     PURGER_ASLEEP.store(1, Ordering::SeqCst);
-    // `arena::note_purgeable`'s Dekker: recheck after announcing the sleep.
-    if arena::take_purgeable() {
+    // `doorbell::note_purgeable`'s Dekker: recheck after announcing the sleep.
+    if doorbell::take_purgeable() {
         PURGER_ASLEEP.store(0, Ordering::SeqCst);
         return;
     }
@@ -209,8 +217,10 @@ fn sleep_until_rung() {
 fn pass(now_ms: u64, policy: PurgePolicy) -> bool {
     rt_pending::drain();
     purge::purge_shared(now_ms, false);
-    let mut pending =
-        SHARED.bytes() > 0 || arena::cached_segments() > 0 || spare_pages::bytes() > 0;
+    let mut pending = SHARED.bytes() > 0
+        || arena::cached_segments() > 0
+        || spare_pages::bytes() > 0
+        || rt_pending::bytes() > 0;
     ABANDONED.for_each(|segment| {
         purge::purge_dirty_pages(segment, now_ms, policy, false);
         pending |= segment.dirty_mask != 0;

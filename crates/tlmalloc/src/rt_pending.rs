@@ -1,8 +1,23 @@
-//! The pending list: ranges a deferring thread (`rt_level::defers`) gave
-//! up but did not unmap, so that its `free` made no system call. They are
-//! unmapped by [`drain`], which `tlmalloc::realtime::drain` (`tl_rt_drain`)
-//! and every pass of the background purger call — never by a deferring
-//! thread itself.
+//! The pending list: ranges given up but not unmapped yet. A deferring
+//! thread (`rt_level::defers`) parks every range it gives up ([`park`]),
+//! so that its `free` makes no system call; and while the background
+//! purger runs, any thread parks the whole segments it gives up
+//! ([`offload`]), so that the kernel's work of freeing their pages (a
+//! `munmap` of a resident 4 MiB segment costs 0.1–0.4 ms, most of it
+//! returning pages) runs on the purger's thread instead of in the
+//! program's `free`. They are unmapped by [`drain`], which
+//! `tlmalloc::realtime::drain` (`tl_rt_drain`), every pass of the
+//! background purger and an allocation a mapping refusal sends to flush the
+//! caches call — never by a deferring thread itself.
+//!
+//! Offloading is bounded so that it costs no memory a program would see:
+//! a mapping that would take the process past its high-water mark of
+//! mapped bytes first unmaps what is parked (`[offload-peak]` in
+//! `arena.rs`), at most [`OFFLOAD_PENDING_MAX`] bytes wait (past it, the
+//! freeing thread unmaps), and the thread whose park brings the list to
+//! [`OFFLOAD_RING_BYTES`] wakes the purger for a drain at once (one `futex`
+//! wake per drain); a smaller list waits at most for the purger's next
+//! pass (a quarter of the purge delay).
 //!
 //! The list is intrusive and allocates nothing: a parked range is unused
 //! memory of ours, so its first bytes hold its node (`Parked`: the next
@@ -16,10 +31,12 @@
 
 use core::ptr;
 
+use crate::config::SEGMENT_SIZE;
 use crate::counters;
+use crate::doorbell;
 use crate::options::{self, Opt};
 use crate::os;
-use crate::sync::{AtomicPtr, AtomicUsize, Ordering};
+use crate::sync::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
 /// The node at the start of a parked range.
 struct Parked {
@@ -34,15 +51,70 @@ static HEAD: AtomicPtr<Parked> = AtomicPtr::new(ptr::null_mut());
 /// Bytes parked (`[pending]`); may briefly count a push not yet published.
 static BYTES: AtomicUsize = AtomicUsize::new(0);
 
-/// Park `[p, p + size)` instead of unmapping it, unless that would pass
-/// `TLMALLOC_RT_PENDING_MAX`; returns whether it is parked (false: the
+/// The background purger runs and drains the list: threads may offload
+/// (set by the purger when it starts, cleared in a fork child).
+static OFFLOAD: AtomicBool = AtomicBool::new(false);
+/// A thread woke the purger for a drain that has not begun yet.
+static DRAIN_RUNG: AtomicBool = AtomicBool::new(false);
+
+/// The smallest range offloaded: a segment. Smaller ones (the unused ends
+/// of an aligned mapping, trimmed large blocks) are cheap to unmap inline.
+pub const OFFLOAD_MIN: usize = SEGMENT_SIZE;
+/// The most bytes offloaded ranges may keep waiting: past it, a purger
+/// that falls behind (a machine whose cores are all busy) costs the
+/// freeing threads their unmaps again. A burst of frees parks up to this
+/// much while the purger catches up (`burst-idle` frees 300 MiB of
+/// segments in about 0.1 s on two busy cores).
+pub const OFFLOAD_PENDING_MAX: usize = 1 << 30;
+/// The parked bytes at which an offloading thread wakes the purger for a
+/// drain at once.
+pub const OFFLOAD_RING_BYTES: usize = 16 << 20;
+
+/// Let threads offload (`on`: the purger runs) or stop them.
+pub fn set_offload(on: bool) {
+    OFFLOAD.store(on, Ordering::Relaxed);
+}
+
+/// Park `[p, p + size)` for the background purger to unmap, if it runs,
+/// the range is a segment or more, and the bounds above allow; returns
+/// whether it is parked (false: the caller unmaps it now). Not under the
+/// `valgrind` feature, whose memcheck would see the node's write into
+/// memory it was told is gone.
+///
+/// # Safety
+/// As [`park`].
+pub unsafe fn offload(p: *mut u8, size: usize) -> bool {
+    if size < OFFLOAD_MIN
+        || cfg!(feature = "valgrind")
+        || !OFFLOAD.load(Ordering::Relaxed)
+        || options::get(Opt::BackgroundPurge) == 0
+    {
+        return false;
+    }
+    // SAFETY: caller contract.
+    if !unsafe { park(p, size, OFFLOAD_PENDING_MAX) } {
+        return false;
+    }
+    if bytes() >= OFFLOAD_RING_BYTES {
+        if !DRAIN_RUNG.swap(true, Ordering::Relaxed) {
+            doorbell::ring_now();
+        }
+    } else {
+        // A purger asleep for want of work wakes for it; one waiting for
+        // its next pass drains then.
+        doorbell::note_purgeable();
+    }
+    true
+}
+
+/// Park `[p, p + size)` instead of unmapping it, unless that would bring
+/// the parked bytes past `max`; returns whether it is parked (false: the
 /// caller unmaps it now).
 ///
 /// # Safety
 /// As `arena::unmap`: the range was mapped through the arena, is at least
 /// a page and page-aligned, and nothing uses it any more.
-pub unsafe fn park(p: *mut u8, size: usize) -> bool {
-    let max = options::get(Opt::RtPendingMax);
+pub unsafe fn park(p: *mut u8, size: usize, max: usize) -> bool {
     // Relaxed: the bound is approximate by one racing push's worth.
     if BYTES
         .fetch_add(size, Ordering::Relaxed)
@@ -68,6 +140,8 @@ pub unsafe fn park(p: *mut u8, size: usize) -> bool {
 
 /// Unmap every parked range; returns the bytes unmapped.
 pub fn drain() -> usize {
+    // Before the list is taken: a park after this rings again.
+    DRAIN_RUNG.store(false, Ordering::Relaxed);
     if HEAD.load(Ordering::Relaxed).is_null() {
         return 0;
     }

@@ -79,6 +79,7 @@ use crate::config::{
     SPAN_SLOT_SIZE,
 };
 use crate::counters;
+use crate::doorbell;
 use crate::large_segment::large_usable;
 use crate::list::List;
 use crate::lock::{SpinGuard, SpinLock};
@@ -542,7 +543,7 @@ unsafe fn give_back_block(mut spans: SpinGuard<'_, Spans>, segment: *mut Segment
         // SAFETY: off the list: an empty span segment, ours alone.
         unsafe { arena::segment_free(segment) };
     } else {
-        arena::note_purgeable();
+        doorbell::note_purgeable();
     }
 }
 

@@ -44,6 +44,7 @@
 use crate::arena;
 use crate::config::OS_PAGE_SIZE;
 use crate::counters;
+use crate::doorbell;
 use crate::lock::SpinLock;
 use crate::options::{self, Opt};
 use crate::os::{self, MovedIn, MovedOut};
@@ -191,7 +192,7 @@ pub unsafe fn keep(p: *mut u8, len: usize, several: bool) -> bool {
         BYTES.fetch_add(len, Ordering::Relaxed);
     }
     release_entry(evicted);
-    arena::note_purgeable();
+    doorbell::note_purgeable();
     if bytes() > bound {
         release_while(|_, held| held > bound);
     }

@@ -136,6 +136,7 @@ fn same_size_reuse_maps_nothing() {
         assert_eq!(large_cache_stats().local_hits, hits_before + 1);
         free(q);
 
+        settle_offloaded();
         let before = os_stats();
         for i in 0..1000 {
             let q = malloc(size);
@@ -210,8 +211,12 @@ fn smaller_requests_reuse_a_cached_block_and_give_the_excess_back() {
     touch_pages(big, 32 * MIB);
     free(big);
     assert!(large_cache_stats().local_bytes >= 32 * MIB);
+    settle_offloaded();
     let before = os_stats();
     let q = malloc(5 * MIB);
+    // The cut excess (more than a segment) may wait for the background
+    // purger to unmap it (`rt_pending::offload`): do that drain here.
+    settle_offloaded();
     let after = os_stats();
     assert_eq!(
         q, big,
@@ -1392,6 +1397,7 @@ fn block_freed_after_idle_period_is_not_released_at_once() {
         let extra: Vec<*mut u8> = (0..round).map(|_| malloc(448 * KIB)).collect();
         // Idle (no allocator call) for well over 8x the delay.
         thread::sleep(Duration::from_millis(12 * DELAY_MS as u64));
+        settle_offloaded();
         let before = os_stats();
         free(p);
         let mut reused = 0;
@@ -1811,4 +1817,11 @@ fn concurrent_traffic_keeps_blocks_exclusive() {
         "caches not empty after collect: {end:?}"
     );
     assert!(after.large_cache_hits > before.large_cache_hits);
+}
+
+/// Unmap what threads offloaded to the background purger
+/// (`rt_pending::offload`), so that the purger's drain of it does not land
+/// in a window that counts this test's own unmaps.
+fn settle_offloaded() {
+    tlmalloc::realtime::drain();
 }
