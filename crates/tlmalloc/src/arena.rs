@@ -814,6 +814,7 @@ mod tests {
     /// because both use the process-wide pending list and counters (no
     /// purger runs in this test process: nothing drains meanwhile).
     #[test]
+    #[cfg(not(feature = "valgrind"))] // which never offloads
     fn offloaded_segments_wait_for_a_drain_and_never_raise_the_peak() {
         let parked_before = rt_pending::bytes();
         rt_pending::set_offload(false);

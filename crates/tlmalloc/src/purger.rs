@@ -156,11 +156,13 @@ pub fn without_passes<R>(f: impl FnOnce() -> R) -> R {
 pub unsafe fn after_fork_child() {
     STARTED.store(false, Ordering::Relaxed);
     PURGER_ASLEEP.store(0, Ordering::Relaxed);
-    // No purger here until one starts: no thread may offload meanwhile.
-    rt_pending::set_offload(false);
     // SAFETY: caller contract: whoever held the pass lock (the purger, or
-    // a thread in `without_passes`) does not exist here.
-    unsafe { PASS.force_unlock() };
+    // a thread in `without_passes`) does not exist here; no purger runs
+    // here, so no thread may offload and the parked ranges go now.
+    unsafe {
+        PASS.force_unlock();
+        rt_pending::after_fork_child();
+    }
 }
 
 /// The purger thread.

@@ -95,16 +95,26 @@ pub unsafe fn offload(p: *mut u8, size: usize) -> bool {
     if !unsafe { park(p, size, OFFLOAD_PENDING_MAX) } {
         return false;
     }
-    if bytes() >= OFFLOAD_RING_BYTES {
-        if !DRAIN_RUNG.swap(true, Ordering::Relaxed) {
-            doorbell::ring_now();
-        }
-    } else {
-        // A purger asleep for want of work wakes for it; one waiting for
-        // its next pass drains then.
-        doorbell::note_purgeable();
+    // A purger asleep for want of work wakes for it (`[doorbell]`: never
+    // missed); one waiting for its next pass drains then, or now when the
+    // list has grown enough to be worth a wake of its own.
+    doorbell::note_purgeable();
+    if bytes() >= OFFLOAD_RING_BYTES && !DRAIN_RUNG.swap(true, Ordering::SeqCst) {
+        doorbell::ring_now();
     }
     true
+}
+
+/// Fork child: no purger runs here until one starts, so nothing may
+/// offload, and what the parent had parked is unmapped now (a child that
+/// stays single-threaded would never drain it). Nodes a vanished thread
+/// was pushing or draining are not on the list: left behind, mapped.
+///
+/// # Safety
+/// Only in a fork child, where the calling thread is the only one.
+pub unsafe fn after_fork_child() {
+    set_offload(false);
+    drain();
 }
 
 /// Park `[p, p + size)` instead of unmapping it, unless that would bring
@@ -140,13 +150,15 @@ pub unsafe fn park(p: *mut u8, size: usize, max: usize) -> bool {
 
 /// Unmap every parked range; returns the bytes unmapped.
 pub fn drain() -> usize {
-    // Before the list is taken: a park after this rings again.
-    DRAIN_RUNG.store(false, Ordering::Relaxed);
+    // Before the list is taken (both `SeqCst`, so not reordered): a park
+    // that the swap below misses rings again.
+    DRAIN_RUNG.store(false, Ordering::SeqCst);
     if HEAD.load(Ordering::Relaxed).is_null() {
         return 0;
     }
-    // Acquire: pairs with the pushes' Release, so every node is readable.
-    let mut node = HEAD.swap(ptr::null_mut(), Ordering::Acquire);
+    // SeqCst (Acquire at least): pairs with the pushes' Release, so every
+    // node is readable.
+    let mut node = HEAD.swap(ptr::null_mut(), Ordering::SeqCst);
     let mut total = 0;
     while !node.is_null() {
         // SAFETY: `[pending]`: the swap made the list ours; each node
