@@ -49,6 +49,9 @@
 //!    around the arena's calls and a purge pass's `madvise`)
 //! 8. `spare_pages::SPARE` (the spare ranges; nests nothing: it is dropped
 //!    around every system call)
+//! 9. `rt_pending::DRAINING` (held by a drain of the pending list across
+//!    its unmaps; nests nothing; a fork child frees it, leaving what the
+//!    vanished drainer had taken mapped)
 
 use crate::abandoned::ABANDONED;
 use crate::arena;

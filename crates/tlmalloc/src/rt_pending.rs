@@ -34,6 +34,7 @@ use core::ptr;
 use crate::config::SEGMENT_SIZE;
 use crate::counters;
 use crate::doorbell;
+use crate::lock::SpinLock;
 use crate::options::{self, Opt};
 use crate::os;
 use crate::sync::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
@@ -56,6 +57,10 @@ static BYTES: AtomicUsize = AtomicUsize::new(0);
 static OFFLOAD: AtomicBool = AtomicBool::new(false);
 /// A thread woke the purger for a drain that has not begun yet.
 static DRAIN_RUNG: AtomicBool = AtomicBool::new(false);
+/// Held by each drain from taking the list to its last unmap. Nests
+/// nothing (lock order: `fork.rs`); pushes never take it, so a deferring
+/// thread never waits for it.
+static DRAINING: SpinLock<()> = SpinLock::new(());
 
 /// The smallest range offloaded: a segment. Smaller ones (the unused ends
 /// of an aligned mapping, trimmed large blocks) are cheap to unmap inline.
@@ -114,6 +119,11 @@ pub unsafe fn offload(p: *mut u8, size: usize) -> bool {
 /// Only in a fork child, where the calling thread is the only one.
 pub unsafe fn after_fork_child() {
     set_offload(false);
+    if DRAINING.is_locked() {
+        // SAFETY: caller contract: the drainer does not exist here; what
+        // it had taken stays mapped, left behind.
+        unsafe { DRAINING.force_unlock() };
+    }
     drain();
 }
 
@@ -148,8 +158,14 @@ pub unsafe fn park(p: *mut u8, size: usize, max: usize) -> bool {
     }
 }
 
-/// Unmap every parked range; returns the bytes unmapped.
+/// Unmap every parked range; returns the bytes unmapped. When it returns,
+/// every range parked before it was called is unmapped (by it, or by a
+/// drain in progress, which it waits for: `collect()` and a flush before a
+/// retried mapping count on that).
 pub fn drain() -> usize {
+    // Held to the end, so that a drain that finds the list taken by
+    // another one returns only once that one has unmapped it too.
+    let _draining = DRAINING.lock();
     // Before the list is taken (both `SeqCst`, so not reordered): a park
     // that the swap below misses rings again.
     DRAIN_RUNG.store(false, Ordering::SeqCst);
