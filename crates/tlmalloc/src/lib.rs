@@ -41,6 +41,9 @@ pub mod sync;
 mod text;
 // Where a page's blocks start in its slot (over the class table).
 mod page_color;
+// Where a span block goes among its segment's slots (mask arithmetic).
+#[cfg(not(loom))]
+mod span_place;
 
 // The one door to the OS.
 #[cfg(not(loom))]

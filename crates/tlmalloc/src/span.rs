@@ -88,6 +88,7 @@ use crate::os::valgrind;
 use crate::poison;
 use crate::report;
 use crate::segment::{Segment, SegmentKind};
+use crate::span_place::{best_in, longest_run, run_mask, slots_for, Placement};
 
 /// Empty span segments kept on the list for the next block (more go back
 /// to the arena at once; these after eight purge delays).
@@ -139,92 +140,9 @@ pub const fn serves(size: usize, align: usize) -> bool {
         && align <= POOL_ALIGN_MAX
 }
 
-/// Slots a block of `usable` bytes takes.
-#[inline]
-const fn slots_for(usable: usize) -> usize {
-    usable.div_ceil(SPAN_SLOT_SIZE)
-}
-
-/// The mask of `count` slots from `first` (`first + count <= 64`,
-/// `first < 64`).
-#[inline]
-const fn run_mask(first: usize, count: usize) -> u64 {
-    debug_assert!(first < 64 && first + count <= 64);
-    if count >= 64 {
-        u64::MAX
-    } else {
-        ((1u64 << count) - 1) << first
-    }
-}
-
-/// The longest run of set bits in `mask`.
-fn longest_run(mask: u64) -> usize {
-    let mut rest = mask;
-    let mut longest = 0;
-    while rest != 0 {
-        let first = rest.trailing_zeros() as usize;
-        let len = (!(rest >> first)).trailing_zeros() as usize;
-        longest = longest.max(len);
-        rest &= !run_mask(first, len);
-    }
-    longest
-}
-
-/// Where `want` slots go among the free slots `free`, `dirty` (a subset)
-/// being those whose memory is still resident: the placement that reuses
-/// the most resident slots (so that a freed block's memory serves the next
-/// one instead of staying idle while fresh slots are faulted in), then the
-/// tightest run. Tried in each run long enough: its start, its end, and
-/// from its first resident slot.
-fn best_in(free: u64, dirty: u64, want: usize) -> Option<Placement> {
-    let mut rest = free;
-    let mut best: Option<Placement> = None;
-    while rest != 0 {
-        let first = rest.trailing_zeros() as usize;
-        let len = (!(rest >> first)).trailing_zeros() as usize;
-        rest &= !run_mask(first, len);
-        if len < want {
-            continue;
-        }
-        let last_start = first + len - want;
-        let run_dirty = dirty & run_mask(first, len);
-        let from_dirty = if run_dirty == 0 {
-            first
-        } else {
-            (run_dirty.trailing_zeros() as usize).min(last_start)
-        };
-        for start in [first, last_start, from_dirty] {
-            let place = Placement {
-                start,
-                reused: (dirty & run_mask(start, want)).count_ones(),
-                run: len,
-            };
-            if best.is_none_or(|b| place.better_than(&b)) {
-                best = Some(place);
-            }
-        }
-    }
-    best
-}
-
-/// A candidate place for a block: its first slot, how many of its slots
-/// are resident already, and the length of the free run it is cut from.
-#[derive(Clone, Copy)]
-struct Placement {
-    start: usize,
-    reused: u32,
-    run: usize,
-}
-
-impl Placement {
-    fn better_than(&self, other: &Placement) -> bool {
-        self.reused > other.reused || (self.reused == other.reused && self.run < other.run)
-    }
-}
-
 impl Spans {
     /// The segment and first slot for a block of `slots` slots: the
-    /// best placement ([`best_in`]) over the listed segments (the first of
+    /// best placement (`span_place::best_in`) over the listed segments (the first of
     /// equals), or None when no free run is long enough.
     fn find(&self, slots: usize) -> Option<(*mut Segment, usize)> {
         let (last, first, count) = self.last_freed;
