@@ -25,7 +25,6 @@ use crate::page::Page;
 use crate::purge::{self, PurgePolicy};
 use crate::purger;
 use crate::report;
-use crate::rt_level;
 use crate::rt_pending;
 use crate::segment::{Segment, SegmentKind};
 use crate::size_class::{class_of, class_size, direct_class, medium_class_of, FIRST_MEDIUM_CLASS};
@@ -198,9 +197,7 @@ fn flush_for_retry(state: Option<&mut HeapState>) -> bool {
     }
     purge::purge_shared(now, true);
     // Segments offloaded to the purger still count as reserved.
-    if !rt_level::defers() {
-        rt_pending::drain();
-    }
+    rt_pending::drain_unless_deferring();
     arena::capped() || counters::os_stats().reserved_bytes < reserved
 }
 

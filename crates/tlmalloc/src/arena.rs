@@ -246,12 +246,12 @@ fn map_with(size: usize, align: usize, large_block: bool) -> *mut u8 {
 /// take the reserved bytes past it first unmaps whatever is parked, as the
 /// frees would have. A deferring thread leaves them (it makes no unmap).
 fn unpark_before_growth(more: usize) {
-    if rt_pending::bytes() == 0 || rt_level::defers() {
+    if rt_pending::bytes() == 0 {
         return;
     }
     let (reserved, peak) = counters::reserved_and_peak();
     if reserved.saturating_add(more) > peak {
-        rt_pending::drain();
+        rt_pending::drain_unless_deferring();
     }
 }
 
@@ -284,7 +284,7 @@ pub fn advise_grown_large_block(p: *mut u8, size: usize) {
 pub unsafe fn unmap(p: *mut u8, size: usize) {
     if rt_level::defers() {
         // SAFETY: caller contract (ranges of ours are page multiples).
-        if unsafe { rt_pending::park(p, size, options::get(Opt::RtPendingMax)) } {
+        if unsafe { rt_pending::park_deferred(p, size) } {
             return;
         }
         rt_level::note_forced_release();

@@ -9,7 +9,6 @@ use crate::heap_state::HeapState;
 use crate::list::List;
 use crate::os;
 use crate::purge::{self, PurgePolicy};
-use crate::rt_level;
 use crate::rt_pending;
 use crate::size_class::CLASS_COUNT;
 
@@ -41,9 +40,7 @@ pub fn collect() {
         sweep(unsafe { process.state() });
     }
     purge::purge_shared(os::now_ms(), true);
-    if !rt_level::defers() {
-        rt_pending::drain();
-    }
+    rt_pending::drain_unless_deferring();
 }
 
 /// The cheap part of `collect`: the calling thread's own heap only (its

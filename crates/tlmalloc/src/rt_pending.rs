@@ -37,6 +37,7 @@ use crate::doorbell;
 use crate::lock::SpinLock;
 use crate::options::{self, Opt};
 use crate::os;
+use crate::rt_level;
 use crate::sync::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
 /// The node at the start of a parked range.
@@ -134,7 +135,7 @@ pub unsafe fn after_fork_child() {
 /// # Safety
 /// As `arena::unmap`: the range was mapped through the arena, is at least
 /// a page and page-aligned, and nothing uses it any more.
-pub unsafe fn park(p: *mut u8, size: usize, max: usize) -> bool {
+unsafe fn park(p: *mut u8, size: usize, max: usize) -> bool {
     // Relaxed: the bound is approximate by one racing push's worth.
     if BYTES
         .fetch_add(size, Ordering::Relaxed)
@@ -155,6 +156,24 @@ pub unsafe fn park(p: *mut u8, size: usize, max: usize) -> bool {
             Ok(_) => return true,
             Err(current) => head = current,
         }
+    }
+}
+
+/// A deferring thread's park (`rt_level::defers`): bounded by
+/// `TLMALLOC_RT_PENDING_MAX`; false (the caller unmaps now) past it.
+///
+/// # Safety
+/// As [`park`].
+pub unsafe fn park_deferred(p: *mut u8, size: usize) -> bool {
+    // SAFETY: caller contract.
+    unsafe { park(p, size, options::get(Opt::RtPendingMax)) }
+}
+
+/// [`drain`] on behalf of the calling thread, unless it defers its unmaps
+/// (a deferring thread never unmaps: the purger or a drain elsewhere does).
+pub fn drain_unless_deferring() {
+    if !rt_level::defers() {
+        drain();
     }
 }
 
