@@ -27,6 +27,7 @@ use crate::purger;
 use crate::report;
 use crate::rt_pending;
 use crate::segment::{Segment, SegmentKind};
+use crate::segment_cache;
 use crate::size_class::{class_of, class_size, direct_class, medium_class_of, FIRST_MEDIUM_CLASS};
 use crate::span;
 
@@ -418,7 +419,7 @@ fn fresh_page(heap: &ThreadHeap, state: &mut HeapState, class: usize) -> *mut Pa
     let list = avail_list(kind);
     let mut segment = state.segments_first(list);
     if segment.is_null() {
-        segment = arena::segment_alloc(kind);
+        segment = segment_cache::segment_alloc(kind);
         if segment.is_null() {
             return ptr::null_mut();
         }

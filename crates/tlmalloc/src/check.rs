@@ -70,7 +70,7 @@ fn check_queue(heap: usize, state: &HeapState, class: usize) {
 
 /// The length of a free list of `page`, checking each block lies in the
 /// page's carved area at a block boundary, and that the list has no cycle.
-fn free_list_len(page: &Page, head: *mut crate::page::Block) -> u32 {
+fn free_list_len(page: &Page, head: *mut crate::block::Block) -> u32 {
     let mut len = 0u32;
     let mut block = head;
     while !block.is_null() {
@@ -84,7 +84,7 @@ fn free_list_len(page: &Page, head: *mut crate::page::Block) -> u32 {
         let at = block;
         valgrind::open_word(at.cast());
         // SAFETY: the block lies in the page's carved area (checked above).
-        block = crate::page::decode_link(unsafe { (*block).next }, page.link_key());
+        block = crate::block::decode_link(unsafe { (*block).next }, page.link_key());
         valgrind::close_word(at.cast());
     }
     len

@@ -73,7 +73,7 @@ pub const SPAN_SLOT_SIZE: usize = 1 << SPAN_SLOT_SHIFT;
 pub const SEGMENT_CACHE_SLOTS: usize = 8;
 /// Takes and puts of the segment cache per window of its low-water mark:
 /// at each window's end the segments at the cache's bottom that no take
-/// reached meanwhile are purged (`arena.rs`). Short enough that a program
+/// reached meanwhile are purged (`segment_cache.rs`). Short enough that a program
 /// creating threads at a few hundred a second sees its idle segments
 /// purged within a fraction of a second; long enough to span a thread's
 /// start (a take or two) and its last pages' return (a put or two) several

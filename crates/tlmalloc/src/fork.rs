@@ -39,10 +39,10 @@
 //!
 //! Lock order (outermost first), where locks nest at all:
 //! 1. `heap::PROCESS_HEAP` (dead threads' allocations): the one lock that
-//!    nests another — its slow path takes `arena::CACHE` for a segment
+//!    nests another — its slow path takes `segment_cache::CACHE` for a segment
 //! 2. `abandoned::ABANDONED` (push or pop one segment; nests nothing)
 //! 3. `heap_pool::POOL` (nests nothing; it may call `mmap`)
-//! 4. `arena::CACHE` (nests nothing)
+//! 4. `segment_cache::CACHE` (nests nothing)
 //! 5. `registry::HEAPS` (the registry of live heaps; nests nothing)
 //! 6. each `tlmalloc::Heap`'s large-block lock (nests nothing)
 //! 7. `span::SPANS` (the span segments; nests nothing: it is dropped
@@ -54,7 +54,6 @@
 //!    vanished drainer had taken mapped)
 
 use crate::abandoned::ABANDONED;
-use crate::arena;
 use crate::exit_report;
 use crate::handover;
 use crate::heap::{self, set_thread_heap, thread_heap, HeapKind, EMPTY_HEAP};
@@ -62,6 +61,7 @@ use crate::heap_pool;
 use crate::options;
 use crate::purger;
 use crate::registry;
+use crate::segment_cache;
 use crate::span;
 use crate::spare_pages;
 use crate::stats;
@@ -80,7 +80,7 @@ pub unsafe fn repair_child() {
         heap::process_heap_after_fork_child();
         ABANDONED.after_fork_child();
         heap_pool::after_fork_child();
-        arena::after_fork_child();
+        segment_cache::after_fork_child();
         span::after_fork_child();
         spare_pages::after_fork_child();
         exit_report::after_fork_child();

@@ -4,13 +4,14 @@
 //! Large blocks go to the recycle cache (`large.rs`).
 
 use crate::abandoned::ABANDONED;
+use crate::block::Block;
 use crate::config::{MEDIUM_PAGE_SHIFT, SMALL_PAGE_SHIFT};
 use crate::counters::RETIRED;
 use crate::handover::{flush_remote_batch, release_abandoned};
 use crate::heap::{thread_heap, HeapKind, ThreadHeap};
 use crate::large;
 use crate::os::{self, valgrind};
-use crate::page::{Block, Page};
+use crate::page::Page;
 use crate::poison;
 use crate::purge;
 use crate::registry;

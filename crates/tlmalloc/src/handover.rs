@@ -15,7 +15,6 @@ use core::ffi::c_void;
 use core::ptr;
 
 use crate::abandoned::ABANDONED;
-use crate::arena;
 use crate::counters;
 use crate::heap::{set_thread_heap, HeapKind, ThreadHeap, DEAD_HEAP};
 use crate::heap_pool;
@@ -27,6 +26,7 @@ use crate::page::Page;
 use crate::registry;
 use crate::remote_batch::Chain;
 use crate::segment::{Segment, SegmentKind};
+use crate::segment_cache;
 use crate::size_class::CLASS_COUNT;
 use crate::span;
 use crate::sync::Ordering;
@@ -107,7 +107,7 @@ unsafe fn release_empty_pages(segment: *mut Segment) -> bool {
             if (*segment).release_page(index) {
                 // No page left in use: the segment goes back whole.
                 (*segment).set_owner(0);
-                arena::segment_free(segment);
+                segment_cache::segment_free(segment);
                 return true;
             }
         }

@@ -186,7 +186,7 @@ impl ThreadHeap {
     }
 
     /// The key that frees write into the blocks of this heap's segments
-    /// (`[block-key]` in `page.rs`): the heap's address, plus one for a user
+    /// (`[block-key]` in `block.rs`): the heap's address, plus one for a user
     /// heap, whose address the program holds and may store in its blocks.
     #[inline(always)]
     pub fn free_key(&self) -> usize {

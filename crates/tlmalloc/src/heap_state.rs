@@ -7,7 +7,6 @@
 
 use core::ptr;
 
-use crate::arena;
 use crate::config::{DIRECT_SIZE_MAX, DIRECT_SLOTS};
 use crate::counters;
 use crate::doorbell;
@@ -17,6 +16,7 @@ use crate::page::Page;
 use crate::purge::{self, PurgeClock, PurgePolicy};
 use crate::retired_pages::RetiredPages;
 use crate::segment::{Segment, SegmentKind};
+use crate::segment_cache;
 use crate::size_class::{class_size, CLASS_COUNT};
 
 /// Which of a heap's segment lists a segment is on (`Segment::list`).
@@ -359,7 +359,7 @@ impl HeapState {
             if (*segment).release_page(index) {
                 self.segment_remove(segment);
                 (*segment).set_owner(0);
-                arena::segment_free(segment);
+                segment_cache::segment_free(segment);
             } else {
                 self.segment_relist(segment);
             }

@@ -18,6 +18,7 @@ use crate::config::{LARGE_CACHE_SIZE_MAX, MEDIUM_SIZE_MAX, OS_PAGE_SIZE, SEGMENT
 use crate::counters;
 use crate::rt_level;
 use crate::segment::{Segment, SegmentKind, LARGE_GUARD, METADATA_END, METADATA_PAGES_END};
+use crate::segment_cache;
 use crate::segment_map::{self, CHUNK_FOREIGN, CHUNK_HEADER_BELOW, CHUNK_SEGMENT};
 use crate::size_class::class_size_of;
 use crate::spare_pages;
@@ -70,7 +71,7 @@ pub fn large_map(usable: usize, align: usize) -> *mut Segment {
         return ptr::null_mut();
     };
     let segment = if total <= SEGMENT_SIZE {
-        arena::segment_alloc(SegmentKind::Large)
+        segment_cache::segment_alloc(SegmentKind::Large)
     } else {
         let Some(map_size) = round_up(total, OS_PAGE_SIZE) else {
             return ptr::null_mut();
@@ -278,10 +279,10 @@ pub unsafe fn large_release(segment: *mut Segment) {
         (*segment).release_page(0);
         let pieces = (*segment).large_pieces;
         if pieces == 0 {
-            arena::segment_free(segment);
+            segment_cache::segment_free(segment);
         } else {
             spare_pages::pieces_gone(pieces);
-            arena::segment_unmap(segment); // never moved whole again
+            segment_cache::segment_unmap(segment); // never moved whole again
         }
     }
 }

@@ -70,6 +70,8 @@ mod rt_level;
 
 // Metadata.
 #[doc(hidden)]
+pub mod block;
+#[doc(hidden)]
 pub mod page;
 mod poison;
 mod remote_batch;
@@ -77,6 +79,8 @@ mod remote_batch;
 pub mod segment;
 #[cfg(not(loom))]
 mod segment_map;
+#[doc(hidden)]
+pub mod thread_free;
 #[doc(hidden)]
 pub mod written_pages;
 
@@ -97,6 +101,8 @@ mod purge;
 mod retired_pages;
 #[cfg(not(loom))]
 mod rt_pending;
+#[cfg(not(loom))]
+mod segment_cache;
 #[cfg(not(loom))]
 mod span;
 #[cfg(not(loom))]

@@ -22,37 +22,13 @@
 
 use core::ptr;
 
+use crate::block::{decode_link, encode_link, Block};
 use crate::config::OS_PAGE_SIZE;
 use crate::list::{Linked, Links};
 use crate::os::{self, valgrind};
 use crate::poison;
 use crate::sync::{const_unless_loom, AtomicUsize, Ordering};
-
-/// A link as a free block stores it: `next` encoded with the page's `key`
-/// (`[link-encoding]`); `next` itself without the `secure` feature.
-#[inline(always)]
-pub fn encode_link(next: *mut Block, key: usize) -> *mut Block {
-    if cfg!(feature = "secure") {
-        ((next as usize ^ key)
-            .rotate_left((key >> 58) as u32)
-            .wrapping_add(key)) as *mut Block
-    } else {
-        next
-    }
-}
-
-/// The link a free block stores, decoded with its page's `key`.
-#[inline(always)]
-pub fn decode_link(stored: *mut Block, key: usize) -> *mut Block {
-    if cfg!(feature = "secure") {
-        ((stored as usize)
-            .wrapping_sub(key)
-            .rotate_right((key >> 58) as u32)
-            ^ key) as *mut Block
-    } else {
-        stored
-    }
-}
+use crate::thread_free::ThreadFree;
 
 /// The process secret behind every page's key (0: not drawn yet).
 #[cfg(not(loom))]
@@ -78,146 +54,6 @@ fn new_link_key(page: *const Page) -> usize {
 #[cfg(loom)]
 fn new_link_key(_page: *const Page) -> usize {
     0
-}
-
-/// A free block. While free, its first word links to the next free block
-/// and its second holds the free key; these are the only "header" a block
-/// ever has, and they live inside the block (every block is at least 16
-/// bytes).
-///
-/// `[block-key]`: every free of a block whose segment has an owner writes
-/// the owner's free key into `key` (`ThreadHeap::free_key`: the heap's
-/// address, with bit 0 set for a user heap), and [`Page::pop`] clears it
-/// before a block is handed out. So a block on a list of its page carries
-/// the key, and a block in use carries 0 until the program writes to it. A
-/// free that finds the key already there is a double free, or user data
-/// equal to the key: the owner tells them apart by looking for the block on
-/// its page's lists, after asking whether another thread's batch of remote
-/// frees (not on any list yet: `[remote-batch]`) collects for the page, in
-/// which case it reports the block; another thread cannot look, and
-/// reports it, which is sound because no program holds the address of a
-/// thread's heap (it is never handed out) or a user heap's address plus one.
-#[repr(C)]
-pub struct Block {
-    /// The next free block of the same list, or null.
-    pub next: *mut Block,
-    /// While free: the owner's free key (`[block-key]`); in use: 0.
-    pub key: usize,
-}
-
-/// The head of a page's list of blocks freed by threads other than the
-/// owner, and the list's length, in one word:
-/// `head | len << THREAD_FREE_LEN_SHIFT`.
-///
-/// Protocol (model-checked in `tests/loom.rs`):
-/// - any thread pushes with a CAS loop that links the block to the old head
-///   and stores it as the new head with the length plus one, `Release` on
-///   success, so the block's link (and every write the freeing thread made
-///   to it) is visible to
-/// - the owner, which takes the whole list and its length with one
-///   `swap(0, Acquire)`.
-///
-/// The length is what lets the owner take a list without walking it: the
-/// blocks were last written by other cores, and walking them to count
-/// was a chain of cache misses, one per block, on the owner's refill.
-///
-/// A block is pushed at most once per allocation (a double free is the
-/// caller's bug), and the list is only ever emptied whole, so there is no ABA:
-/// a pushed block cannot reappear at the head until the owner has taken it,
-/// allocated it again and had it freed again.
-#[repr(transparent)]
-pub struct ThreadFree(AtomicUsize);
-
-/// Where `ThreadFree`'s length starts: block addresses fit below it
-/// (user-space addresses are below 2^47 on x86-64 Linux and 2^48 on
-/// aarch64, and segments are never mapped above: `arena`).
-pub const THREAD_FREE_LEN_SHIFT: u32 = 48;
-const HEAD_MASK: usize = (1 << THREAD_FREE_LEN_SHIFT) - 1;
-const _: () = assert!(
-    usize::BITS == 64,
-    "ThreadFree packs a length above the address"
-);
-// A page holds fewer blocks than the length can count: a small page's
-// blocks are 16 bytes or more, a medium page's above `SMALL_SIZE_MAX`.
-const _: () = {
-    use crate::config::{MEDIUM_PAGE_SIZE, SMALL_PAGE_SIZE, SMALL_SIZE_MAX};
-    let most = 1 << (usize::BITS - THREAD_FREE_LEN_SHIFT);
-    assert!(SMALL_PAGE_SIZE / 16 < most);
-    assert!(MEDIUM_PAGE_SIZE / SMALL_SIZE_MAX < most);
-};
-
-impl ThreadFree {
-    const_unless_loom! {
-        /// An empty list.
-        pub fn new() -> Self {
-            ThreadFree(AtomicUsize::new(0))
-        }
-    }
-
-    /// Push a block freed by a non-owner thread.
-    ///
-    /// # Safety
-    /// `block` is a block of this page, allocated and not yet freed, at an
-    /// address below `2^THREAD_FREE_LEN_SHIFT`, and the caller gives up all
-    /// access to it; `key` is the page's `link_key`.
-    #[inline]
-    pub unsafe fn push(&self, block: *mut Block, key: usize) {
-        // SAFETY: caller contract: a chain of one block.
-        unsafe { self.push_chain(block, block, 1, key) }
-    }
-
-    /// Push `len` blocks freed by one non-owner thread at once: `head`
-    /// links (encoded with `key`) through the others to `tail`, whose link
-    /// is written here. One CAS for the whole chain (`remote_batch.rs`).
-    ///
-    /// # Safety
-    /// The chain holds `len >= 1` distinct blocks of this page, each
-    /// allocated and freed once since, at addresses below
-    /// `2^THREAD_FREE_LEN_SHIFT`; the caller gives up all access to them;
-    /// `key` is the page's `link_key`.
-    #[inline]
-    pub unsafe fn push_chain(&self, head: *mut Block, tail: *mut Block, len: u32, key: usize) {
-        debug_assert!(head as usize & !HEAD_MASK == 0 && len >= 1);
-        let mut now = self.0.load(Ordering::Relaxed);
-        loop {
-            let old = (now & HEAD_MASK) as *mut Block;
-            valgrind::open_word(tail.cast());
-            // SAFETY: the caller owns the chain until the CAS below publishes it.
-            unsafe { (*tail).next = encode_link(old, key) };
-            valgrind::close_word(tail.cast());
-            let count = (now >> THREAD_FREE_LEN_SHIFT) + len as usize;
-            let new = head as usize | count << THREAD_FREE_LEN_SHIFT;
-            match self
-                .0
-                .compare_exchange_weak(now, new, Ordering::Release, Ordering::Relaxed)
-            {
-                Ok(_) => return,
-                Err(seen) => now = seen,
-            }
-        }
-    }
-
-    /// Take every block pushed so far and their number (owner only); null
-    /// and 0 when there are none.
-    #[inline]
-    pub fn take_all(&self) -> (*mut Block, u32) {
-        // A relaxed peek first: the common case is an empty list, and a load
-        // keeps the cache line shared instead of pulling it exclusive.
-        if self.0.load(Ordering::Relaxed) == 0 {
-            return (ptr::null_mut(), 0);
-        }
-        let word = self.0.swap(0, Ordering::Acquire);
-        // The provenance of the blocks' addresses is their page's segment
-        // mapping: the word carries the address only.
-        let head = ptr::with_exposed_provenance_mut(word & HEAD_MASK);
-        (head, (word >> THREAD_FREE_LEN_SHIFT) as u32)
-    }
-
-    /// Whether the list looks empty (a hint: another thread may push at once).
-    #[inline]
-    pub fn is_empty_hint(&self) -> bool {
-        self.0.load(Ordering::Relaxed) == 0
-    }
 }
 
 /// `secure`: the free block at `block` holds a link that is no block of its

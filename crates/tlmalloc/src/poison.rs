@@ -29,7 +29,7 @@ use crate::report;
 
 /// The fill byte of a free block.
 pub const FREED: u8 = 0xdf;
-/// The words a free block uses itself: its link and its key (`page.rs`).
+/// The words a free block uses itself: its link and its key (`block.rs`).
 pub const LINK_BYTES: usize = 16;
 /// The most bytes of a block filled and verified.
 pub const POISON_MAX: usize = 4096;

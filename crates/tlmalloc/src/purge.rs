@@ -41,6 +41,7 @@ use crate::options::{self, Opt, PURGE_FREE};
 use crate::os;
 use crate::rt_level;
 use crate::segment::Segment;
+use crate::segment_cache;
 use crate::span;
 use crate::spare_pages;
 use crate::sync::{AtomicUsize, Ordering};
@@ -302,8 +303,8 @@ pub fn purge_shared(now_ms: u64, force: bool) {
     );
     spare_pages::release_idle(now_ms, policy.delay_ms, force);
     if force {
-        arena::cache_flush();
+        segment_cache::cache_flush();
     } else {
-        arena::cache_purge(now_ms, policy.delay_ms, policy.lazy);
+        segment_cache::cache_purge(now_ms, policy.delay_ms, policy.lazy);
     }
 }

@@ -43,7 +43,6 @@
 use core::ffi::c_void;
 
 use crate::abandoned::ABANDONED;
-use crate::arena;
 use crate::counters::RETIRED;
 use crate::doorbell::{self, PURGER_ASLEEP};
 use crate::handover;
@@ -57,6 +56,7 @@ use crate::purge::{self, PurgePolicy};
 use crate::registry;
 use crate::rt_level;
 use crate::rt_pending;
+use crate::segment_cache;
 use crate::spare_pages;
 use crate::sync::{AtomicBool, AtomicUsize, Ordering};
 
@@ -220,7 +220,7 @@ fn pass(now_ms: u64, policy: PurgePolicy) -> bool {
     rt_pending::drain();
     purge::purge_shared(now_ms, false);
     let mut pending = SHARED.bytes() > 0
-        || arena::cached_segments() > 0
+        || segment_cache::cached_segments() > 0
         || spare_pages::bytes() > 0
         || rt_pending::bytes() > 0;
     ABANDONED.for_each(|segment| {

@@ -28,8 +28,9 @@
 
 use core::ptr;
 
+use crate::block::{encode_link, Block};
 use crate::os::valgrind;
-use crate::page::{encode_link, Block, Page};
+use crate::page::Page;
 use crate::segment::SegmentKind;
 
 /// The most blocks a batch holds before it is published.

@@ -6,7 +6,7 @@
 //!                  up to MEDIUM_SIZE_MAX
 //! ```
 //! There is no 8-byte class: every block holds two words while free, its
-//! free-list link and the double-free key (`[block-key]` in `page.rs`).
+//! free-list link and the double-free key (`[block-key]` in `block.rs`).
 //! Eight classes per power of two bound the waste of every request of 128
 //! bytes and more by 1/9 of the block (11.1 %). Between 64 and 128 bytes the
 //! 16-byte alignment every block of 16 bytes or more must have forces 16-byte

@@ -88,6 +88,7 @@ use crate::os::valgrind;
 use crate::poison;
 use crate::report;
 use crate::segment::{Segment, SegmentKind};
+use crate::segment_cache;
 use crate::span_place::{best_in, longest_run, run_mask, slots_for, Placement};
 
 /// Empty span segments kept on the list for the next block (more go back
@@ -192,7 +193,7 @@ pub fn alloc(size: usize, zero: bool) -> Option<(*mut u8, usize, bool)> {
         Some((segment, first)) => (segment, first, false),
         None => {
             drop(spans);
-            let segment = arena::segment_alloc(SegmentKind::Span);
+            let segment = segment_cache::segment_alloc(SegmentKind::Span);
             if segment.is_null() {
                 return None;
             }
@@ -459,7 +460,7 @@ unsafe fn give_back_block(mut spans: SpinGuard<'_, Spans>, segment: *mut Segment
     drop(spans);
     if give_back {
         // SAFETY: off the list: an empty span segment, ours alone.
-        unsafe { arena::segment_free(segment) };
+        unsafe { segment_cache::segment_free(segment) };
     } else {
         doorbell::note_purgeable();
     }
@@ -647,7 +648,7 @@ fn sweep_round(
     // No panic: `released <= EMPTY_KEPT`.
     for &segment in &release[..released] {
         // SAFETY: taken off the list above: an empty span segment, ours.
-        unsafe { arena::segment_free(segment) };
+        unsafe { segment_cache::segment_free(segment) };
     }
     if taken_count == 0 {
         return false;
@@ -688,7 +689,7 @@ unsafe fn purge_taken(taken: &[(*mut Segment, u64)], lazy: bool, clock: Option<(
     }
     for &segment in &emptied[..emptied_count] {
         // SAFETY: taken off the list above: an empty span segment, ours.
-        unsafe { arena::segment_free(segment) };
+        unsafe { segment_cache::segment_free(segment) };
     }
 }
 

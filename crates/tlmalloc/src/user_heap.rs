@@ -25,7 +25,6 @@ use core::ptr::{self, NonNull};
 
 use crate::alloc::{alloc_class, large_segment_alloc, pooled_size};
 use crate::api;
-use crate::arena;
 use crate::collect::sweep;
 use crate::config::{SEGMENT_MASK, SEGMENT_SIZE};
 use crate::counters;
@@ -40,6 +39,7 @@ use crate::poison;
 use crate::purge::PurgePolicy;
 use crate::registry;
 use crate::segment::{Segment, SegmentKind};
+use crate::segment_cache;
 use crate::size_class::{class_of, CLASS_COUNT};
 use crate::track;
 
@@ -352,7 +352,7 @@ unsafe fn user_heap_destroy(heap: *mut ThreadHeap) {
                     counters::record_page(1usize << (*segment).page_shift, false);
                 }
                 (*segment).set_owner(0);
-                arena::segment_free(segment);
+                segment_cache::segment_free(segment);
             }
         }
     }

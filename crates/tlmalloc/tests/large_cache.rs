@@ -599,7 +599,7 @@ struct Model {
 /// OS pages (where a large block starts).
 const CACHE_PURGE_LEN: usize = SEGMENT_SIZE - BLOCK_OFFSET;
 
-/// The arena's segment cache (`arena.rs`): a stack of (base, purged), last
+/// The arena's segment cache (`segment_cache.rs`): a stack of (base, purged), last
 /// in on top, and the window of its low-water mark.
 #[derive(Default)]
 struct SegmentCacheModel {

@@ -37,8 +37,9 @@ use std::vec::Vec;
 use loom::sync::Arc;
 use loom::thread;
 use tlmalloc::abandoned::Abandoned;
+use tlmalloc::block::Block;
 use tlmalloc::large_cache::SharedLargeCache;
-use tlmalloc::page::{Block, Page};
+use tlmalloc::page::Page;
 use tlmalloc::segment::{Segment, SegmentKind};
 
 /// Blocks live in leaked memory so their addresses stay valid across the model.
@@ -169,7 +170,7 @@ fn batched_remote_frees_race_a_single_push_and_owner_collect() {
             // `thread_free` is touched from this thread after that.
             unsafe {
                 let key = (*page.0).link_key();
-                (*(b as *mut Block)).next = tlmalloc::page::encode_link(a as *mut Block, key);
+                (*(b as *mut Block)).next = tlmalloc::block::encode_link(a as *mut Block, key);
                 (*page.0)
                     .thread_free
                     .push_chain(b as *mut Block, a as *mut Block, 2, key);
@@ -451,7 +452,7 @@ fn batch_published_into_an_abandoned_segment_races_a_free_and_adoption() {
         // SAFETY: `b` is a live block of ours; only the batch touches it.
         unsafe {
             let key = (*segment.0).pages[0].link_key();
-            (*(b as *mut Block)).next = tlmalloc::page::encode_link(a as *mut Block, key);
+            (*(b as *mut Block)).next = tlmalloc::block::encode_link(a as *mut Block, key);
         }
         // The owner exited with all three blocks live.
         // SAFETY: ours, on no list, a page in use.

@@ -188,7 +188,7 @@ fn madv_free_mode_purges() {
 /// (`MADV_PAGEOUT` over the header), as memory pressure would do it; the
 /// kernel does not always honour that advice for pages just purged, so
 /// the test catches a header purged with the blocks in some runs only (one
-/// in six or so here), while `arena.rs` asserts the purge range at compile
+/// in six or so here), while `segment_cache.rs` asserts the purge range at compile
 /// time.
 ///
 /// It runs in a child process of its own: here the thread of a test that
@@ -309,7 +309,7 @@ fn any_resident(blocks: &[usize]) -> bool {
 /// empty, written segment in the cache; then short-lived threads, one at a
 /// time, each take a segment out and put it back. The cache never holds
 /// fewer than seven meanwhile, so once a window of that traffic is over
-/// (`arena.rs`: the cache's low-water mark), the segments at its bottom are
+/// (`segment_cache.rs`: the cache's low-water mark), the segments at its bottom are
 /// purged: at most the one the short-lived threads cycle through, and one
 /// more, keep their pages resident.
 ///
