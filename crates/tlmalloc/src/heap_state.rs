@@ -255,16 +255,23 @@ impl HeapState {
         self.refresh_current(class);
     }
 
-    /// Move `page` (queued) to the back of its queue.
+    /// Move `page` (queued) to the back of its queue. It never leaves the
+    /// queue, so a kept page stays kept (`[retired]`), and the current page
+    /// is refreshed once (a slow path's scan rotates a page per `malloc`
+    /// that finds its page used up, in a program that frees at random).
     ///
     /// # Safety
     /// As [`HeapState::queue_remove`].
     pub unsafe fn queue_rotate(&mut self, page: *mut Page) {
-        // SAFETY: caller contract; the page is back on its queue on return.
-        unsafe {
-            self.queue_remove(page);
-            self.queue_push_back(page);
-        }
+        // SAFETY: caller contract: a queued page of ours, whose class is
+        // below `CLASS_COUNT` (`[queues]`); it is back on its queue on return.
+        let class = unsafe {
+            let class = (*page).class as usize;
+            self.queues[class].remove(page);
+            self.queues[class].push_back(page);
+            class
+        };
+        self.refresh_current(class);
     }
 
     /// Take the first page off the queue of `class`, if any.
