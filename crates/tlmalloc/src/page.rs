@@ -237,6 +237,11 @@ const _: () = {
         "two cache lines: the owner's, and what remote frees touch"
     );
     assert!(
+        core::mem::offset_of!(Page, local_free)
+            == core::mem::offset_of!(Page, free) + core::mem::size_of::<*mut Block>(),
+        "`pop_recent_or_free` indexes the two lists from `free`"
+    );
+    assert!(
         core::mem::offset_of!(Page, thread_free) == 64
             && core::mem::offset_of!(Page, link_key) < 128
             && core::mem::offset_of!(Page, links) + 16 <= 64,
@@ -389,6 +394,28 @@ impl Page {
     pub unsafe fn pop_recent(page: *mut Page) -> *mut Block {
         // SAFETY: caller contract; `local_free` is one of the page's lists.
         unsafe { Page::pop_from(page, ptr::addr_of_mut!((*page).local_free)) }
+    }
+
+    /// Owner: take the block the owner freed last, as [`Page::pop_recent`],
+    /// or else the head of `free`: one list chosen without a branch (a
+    /// conditional move), so that a program whose frees land on a page's
+    /// `local_free` at random (random sizes, random lifetimes) does not
+    /// mispredict which list has a block on every `malloc`.
+    ///
+    /// # Safety
+    /// As [`Page::pop`].
+    #[inline(always)]
+    pub unsafe fn pop_recent_or_free(page: *mut Page) -> *mut Block {
+        // SAFETY: caller contract; `local_free` is the field right after
+        // `free` (asserted below `Page`), so `list` points to one of the
+        // page's two lists, derived from `page`'s own pointer.
+        unsafe {
+            // An index, not a branch (`core::hint::select_unpredictable`
+            // is past the crate's MSRV): this shape compiles to `setne`.
+            let lists = ptr::addr_of_mut!((*page).free);
+            let list = lists.add(usize::from(!(*page).local_free.is_null()));
+            Page::pop_from(page, list)
+        }
     }
 
     /// Owner: take the head of `list`, one of `page`'s two lists.
