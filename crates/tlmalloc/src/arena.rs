@@ -1,4 +1,4 @@
-//! Every mapping the allocator makes, and the cache of empty segments.
+//! Every mapping the allocator makes, counted and capped.
 //!
 //! This is the only layer that calls the OS's memory primitives, so it is
 //! where they are counted (`counters`) and where the `TLMALLOC_MAX_RESERVED`
@@ -294,7 +294,8 @@ pub unsafe fn guard_large_end(segment: *mut Segment, on: bool) {
     }
 }
 
-#[cfg(test)]
+// The one test here is about offloading, which the `valgrind` build never does.
+#[cfg(all(test, not(feature = "valgrind")))]
 mod tests {
     use super::*;
     use crate::config::SEGMENT_SIZE;
@@ -303,7 +304,6 @@ mod tests {
     /// because both use the process-wide pending list and counters (no
     /// purger runs in this test process: nothing drains meanwhile).
     #[test]
-    #[cfg(not(feature = "valgrind"))] // which never offloads
     fn offloaded_segments_wait_for_a_drain_and_never_raise_the_peak() {
         let parked_before = rt_pending::bytes();
         rt_pending::set_offload(false);

@@ -1,5 +1,5 @@
 //! The cache of empty standard (4 MiB) segments, and the one way to get a
-//! segment and to give one up.
+//! standard segment and to give one up.
 //!
 //! A thread that frees its last page and allocates again, or a program
 //! churning through threads, takes a cached segment instead of mapping one:
@@ -170,7 +170,7 @@ pub unsafe fn after_fork_child() {
     }
 }
 
-/// The cached segments waiting in the arena (for the purger's "anything
+/// The cached segments waiting (for the purger's "anything
 /// left?" question).
 pub fn cached_segments() -> usize {
     CACHE.lock().len

@@ -32,7 +32,7 @@ pub struct ThreadFree(AtomicUsize);
 
 /// Where `ThreadFree`'s length starts: block addresses fit below it
 /// (user-space addresses are below 2^47 on x86-64 Linux and 2^48 on
-/// aarch64, and segments are never mapped above: `arena`).
+/// aarch64, and segments are never mapped above: `segment_cache::segment_alloc`).
 pub const THREAD_FREE_LEN_SHIFT: u32 = 48;
 const HEAD_MASK: usize = (1 << THREAD_FREE_LEN_SHIFT) - 1;
 const _: () = assert!(
