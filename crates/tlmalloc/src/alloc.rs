@@ -407,10 +407,7 @@ fn scan_queue(state: &mut HeapState, class: usize) -> Option<*mut Page> {
                 return Some(page);
             }
             (*page).collect_remote();
-            // (A used-up page, the common case, is told apart without the call.)
-            if !(*page).free.is_null()
-                || ((*page).capacity < (*page).reserved && (*page).extend(PAGE_EXTEND_BYTES))
-            {
+            if !(*page).free.is_null() || (*page).extend(PAGE_EXTEND_BYTES) {
                 return Some(page);
             }
             if List::next(page).is_null() {

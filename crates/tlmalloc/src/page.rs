@@ -588,12 +588,19 @@ impl Page {
     /// An `untouched` page may return true with `free` still empty: its next
     /// block starts an OS page not faulted in yet, and is to be handed out
     /// with [`Page::take_untouched`] (`[untouched]`).
-    #[inline(never)]
+    ///
+    /// The test for a page with nothing left is inline: a slow path's scan
+    /// asks it of every used-up page it passes, and the call was most of
+    /// that question's cost.
+    #[inline]
     pub fn extend(&mut self, extend_bytes: usize) -> bool {
         let remaining = self.reserved - self.capacity;
-        if remaining == 0 {
-            return false;
-        }
+        remaining != 0 && self.extend_by(extend_bytes, remaining)
+    }
+
+    /// [`Page::extend`] for a page with `remaining > 0` blocks not threaded.
+    #[inline(never)]
+    fn extend_by(&mut self, extend_bytes: usize, remaining: u32) -> bool {
         // No panic: a page in use has `block_size >= 16`, its class's size.
         let mut step = (extend_bytes / self.block_size).clamp(1, remaining as usize) as u32;
         if self.untouched {
