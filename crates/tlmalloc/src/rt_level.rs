@@ -75,6 +75,13 @@ pub fn set_exempt(exempt: bool) -> bool {
     word & EXEMPT != 0
 }
 
+/// Whether the calling thread is exempt (the purger; `realtime::drain`
+/// while it runs): it makes its unmaps itself, never parks them.
+#[inline]
+pub fn exempt() -> bool {
+    os::rt_word() & EXEMPT != 0
+}
+
 /// Whether the calling thread asked for a realtime level (and is not exempt).
 #[inline]
 pub fn marked() -> bool {

@@ -85,7 +85,10 @@ pub fn set_offload(on: bool) {
 /// the range is a segment or more, and the bounds above allow; returns
 /// whether it is parked (false: the caller unmaps it now). Not under the
 /// `valgrind` feature, whose memcheck would see the node's write into
-/// memory it was told is gone.
+/// memory it was told is gone. Never from an exempt thread: the purger
+/// would park what only it drains, and `realtime::drain` (whose purge pass
+/// may unmap cached segments) would return with bytes parked again, as
+/// `tests/realtime.rs`'s filtered child saw (4 MiB pending after a drain).
 ///
 /// # Safety
 /// As [`park`].
@@ -94,6 +97,7 @@ pub unsafe fn offload(p: *mut u8, size: usize) -> bool {
         || cfg!(feature = "valgrind")
         || !OFFLOAD.load(Ordering::Relaxed)
         || options::get(Opt::BackgroundPurge) == 0
+        || rt_level::exempt()
     {
         return false;
     }
