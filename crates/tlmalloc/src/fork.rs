@@ -12,7 +12,7 @@
 //!   afresh in a safe state — what it held is left behind, never reused —
 //!   and the lock is freed. Process heap → reset; abandoned list → emptied;
 //!   heap pool → emptied; segment cache → emptied; span list → emptied,
-//!   a new epoch (`span.rs`); spare ranges → emptied; registry → a new
+//!   a new epoch (`span_list.rs`); spare ranges → emptied; registry → a new
 //!   generation; a user heap's large-block list → poisoned (never walked
 //!   again); the statistics buffers → unlocked; a half-done process set-up
 //!   → redone.
@@ -45,7 +45,7 @@
 //! 4. `segment_cache::CACHE` (nests nothing)
 //! 5. `registry::HEAPS` (the registry of live heaps; nests nothing)
 //! 6. each `tlmalloc::Heap`'s large-block lock (nests nothing)
-//! 7. `span::SPANS` (the span segments; nests nothing: it is dropped
+//! 7. `span_list::SPANS` (the span segments; nests nothing: it is dropped
 //!    around the arena's calls and a purge pass's `madvise`)
 //! 8. `spare_pages::SPARE` (the spare ranges; nests nothing: it is dropped
 //!    around every system call)
@@ -62,7 +62,7 @@ use crate::options;
 use crate::purger;
 use crate::registry;
 use crate::segment_cache;
-use crate::span;
+use crate::span_list;
 use crate::spare_pages;
 use crate::stats;
 
@@ -81,7 +81,7 @@ pub unsafe fn repair_child() {
         ABANDONED.after_fork_child();
         heap_pool::after_fork_child();
         segment_cache::after_fork_child();
-        span::after_fork_child();
+        span_list::after_fork_child();
         spare_pages::after_fork_child();
         exit_report::after_fork_child();
         stats::after_fork_child();

@@ -106,6 +106,10 @@ mod segment_cache;
 #[cfg(not(loom))]
 mod span;
 #[cfg(not(loom))]
+mod span_list;
+#[cfg(not(loom))]
+mod span_purge;
+#[cfg(not(loom))]
 mod spare_pages;
 
 // The heap.

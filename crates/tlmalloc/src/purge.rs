@@ -43,6 +43,7 @@ use crate::rt_level;
 use crate::segment::Segment;
 use crate::segment_cache;
 use crate::span;
+use crate::span_purge;
 use crate::spare_pages;
 use crate::sync::{AtomicUsize, Ordering};
 
@@ -294,7 +295,7 @@ pub fn purge_shared(now_ms: u64, force: bool) {
         // SAFETY: out of the cache: ours, its block free.
         |segment| unsafe { large_segment::large_release(segment) },
     );
-    span::sweep(
+    span_purge::sweep(
         now_ms,
         policy.release_after_ms(),
         force,

@@ -137,7 +137,7 @@ pub struct Segment {
     /// Holder: clock (ms) when the segment entered a cache (large or arena).
     pub cached_at_ms: u64,
     /// Span segments, holder: the dirty free slots that no block has taken
-    /// since the span list's purge window began (`span.rs`).
+    /// since the span list's purge window began (`span_purge.rs`).
     pub span_idle_dirty: u64,
     /// Holder: free page slots purged since their last use (their bytes
     /// count as decommitted in the statistics until reused or unmapped).
@@ -150,7 +150,7 @@ pub struct Segment {
     pub large_decommitted: usize,
     /// Span segments, holder: the span list's generation the segment joined
     /// (a fork child that finds the list's lock held starts a new one and
-    /// leaves the older segments behind: `span.rs`).
+    /// leaves the older segments behind: `span_list.rs`).
     pub span_epoch: u32,
     /// Span segments, holder: the longest run of free slots.
     pub span_longest_run: u8,

@@ -384,7 +384,7 @@ fn purge_delay_an_hour() -> common::OptRestore {
 
 /// Freed span slots that stay idle through a window of span traffic are
 /// purged, without waiting for the purge delay (an hour here), when a
-/// block faults fresh memory in (`span.rs`: `exchange_idle`). A 1 MiB
+/// block faults fresh memory in (`span_purge.rs`: `exchange_idle`). A 1 MiB
 /// block between two live ones is freed; blocks of 2 and 2.5 MiB, which
 /// its slots cannot hold, come and go, reusing their own memory (faulted
 /// in before): the freed block stays resident. Then new blocks take fresh
