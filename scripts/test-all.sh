@@ -39,14 +39,14 @@ echo "== cargo test --workspace --release"
 cargo test --workspace --release
 
 echo "== invariant checkers on (feature check), per-op counters (feature stats)"
-cargo test -p tlmalloc --release --features check --test stress --test alignment --test misuse --test large_cache --test realloc_large
+cargo test -p tlmalloc --release --features check --test stress --test alignment --test misuse --test large_cache --test large_cache_model --test large_cache_bound --test realloc_large
 cargo test -p tlmalloc --release --features check,stats --test sized_free --test user_heap --test pool --test allocator_api --test fuzz_model # wrong sizes abort
 # Exact per-op counters per size class: without `check`, whose slack
 # canary pads every request (and so moves some of them up a class).
 cargo test -p tlmalloc --release --features stats --test stats --test user_heap
 
 echo "== hardened build (feature secure): forged links refused, guard pages, ordinary traffic"
-cargo test -p tlmalloc --release --features secure --test secure --test stress --test alignment --test misuse --test user_heap --test smoke --test size_classes --test large_cache
+cargo test -p tlmalloc --release --features secure --test secure --test stress --test alignment --test misuse --test user_heap --test smoke --test size_classes --test large_cache --test large_cache_model --test large_cache_bound
 
 echo "== every mmap, mremap and madvise failure survived (feature fault-injection)"
 cargo test -p tlmalloc --release --features fault-injection --test fault_injection --test fault_injection_global

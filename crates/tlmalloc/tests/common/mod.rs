@@ -1,5 +1,6 @@
 //! Helpers shared by the integration tests: sizes, RSS readings, a small
-//! PRNG, a per-binary test lock, option guards and child processes.
+//! PRNG, a per-binary test lock, option guards and child processes; and in
+//! `large`, what the large-block recycle cache's tests share.
 //!
 //! Each test binary includes this module with `mod common;` and uses a
 //! subset of it, hence the `dead_code` allowance.
@@ -104,6 +105,9 @@ pub fn touched(len: usize) -> impl Iterator<Item = usize> {
 mod rng;
 #[allow(unused_imports)] // not every test binary draws random numbers
 pub use rng::Rng;
+
+#[path = "large.rs"]
+pub mod large;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
