@@ -356,8 +356,12 @@ unsafe fn free_abandoned(segment: *mut Segment, page: *mut Page, p: *mut u8) {
 #[inline(always)]
 unsafe fn batch_remote_free(heap: &ThreadHeap, page: *mut Page, block: *mut Block) {
     // `[remote-batch]`: a change, so the purger never publishes the batch
-    // under us (it waits for, or is waited on by, `begin_change`).
-    let was = heap.begin_change();
+    // under us (it waits for, or is waited on by, `begin_change`). The
+    // wait for a purger at work goes out of line with the rest.
+    let Some(was) = heap.try_begin_change() else {
+        // SAFETY: caller contract; the change has begun, with `was` false.
+        return unsafe { batch_after_purger(heap, page, block) };
+    };
     // SAFETY: caller contract; `[remote-batch]`: the batch is this thread's.
     unsafe {
         if heap.remote_batch().page() != page
@@ -367,6 +371,27 @@ unsafe fn batch_remote_free(heap: &ThreadHeap, page: *mut Page, block: *mut Bloc
         }
     }
     heap.end_change(was);
+}
+
+/// [`batch_remote_free`] when the purger was working on `heap` as the
+/// change began: wait for it, then add the block.
+///
+/// # Safety
+/// As [`batch_remote_free`], inside a change begun by
+/// `try_begin_change` (which returned None).
+#[cold]
+#[inline(never)]
+unsafe fn batch_after_purger(heap: &ThreadHeap, page: *mut Page, block: *mut Block) {
+    heap.wait_for_purger();
+    // SAFETY: caller contract; `[remote-batch]`: the batch is this thread's.
+    unsafe {
+        if heap.remote_batch().page() != page
+            || heap.remote_batch().add(page, block, (*page).link_key())
+        {
+            return batch_boundary(heap, page, block, false);
+        }
+    }
+    heap.end_change(false);
 }
 
 /// [`batch_remote_free`] at a batch's boundary: `block` starts a new batch

@@ -272,10 +272,29 @@ impl ThreadHeap {
         was
     }
 
+    /// [`ThreadHeap::begin_change`] without the wait, for a path that
+    /// keeps no register across a call: `Some(was)` as `begin_change`
+    /// returns it, or None when the purger is working on this heap. Then
+    /// the change has begun (`busy` is set, `was` is false) and the caller
+    /// must [`ThreadHeap::wait_for_purger`] before it changes anything.
+    #[inline(always)]
+    pub fn try_begin_change(&self) -> Option<bool> {
+        let was = self.busy.load(Ordering::Relaxed);
+        if !was {
+            self.busy.store(true, Ordering::Relaxed);
+            // `[purge-handshake]`: as in `begin_change`.
+            compiler_fence(Ordering::SeqCst);
+            if self.purger_here.load(Ordering::Relaxed) {
+                return None;
+            }
+        }
+        Some(was)
+    }
+
     /// The purger is working on this heap: wait until it is done.
     #[cold]
     #[inline(never)]
-    fn wait_for_purger(&self) {
+    pub fn wait_for_purger(&self) {
         let mut round = 0u32;
         // Acquire: pairs with the purger's release, so its changes to the
         // segments and cache are visible here.
