@@ -336,9 +336,7 @@ unsafe fn free_abandoned(segment: *mut Segment, page: *mut Page, p: *mut u8) {
         let holder = ABANDONED.count_free(segment);
         poison::fill_freed(p, (*page).block_size);
         count_remote_free((*page).class as usize);
-        // `[thread-free]`: the block is ours until the push publishes it;
-        // after it, the segment is touched again only by its holder.
-        (*page).thread_free.push(p.cast(), (*page).link_key());
+        push_remote(page, p.cast());
         if holder {
             release_abandoned(segment);
         }
@@ -362,6 +360,19 @@ unsafe fn batch_remote_free(heap: &ThreadHeap, page: *mut Page, block: *mut Bloc
         // SAFETY: caller contract; the change has begun, with `was` false.
         return unsafe { batch_after_purger(heap, page, block) };
     };
+    // SAFETY: caller contract, inside the change begun above.
+    unsafe { batch_add(heap, page, block, was) }
+}
+
+/// Add `block` of `page` to `heap`'s batch inside a change begun with
+/// `was`, and end the change: inline when the batch collects for `page`
+/// and is not full after, else through [`batch_boundary`].
+///
+/// # Safety
+/// As [`batch_remote_free`], inside the change (`was`), the purger not at
+/// work on `heap`.
+#[inline(always)]
+unsafe fn batch_add(heap: &ThreadHeap, page: *mut Page, block: *mut Block, was: bool) {
     // SAFETY: caller contract; `[remote-batch]`: the batch is this thread's.
     unsafe {
         if heap.remote_batch().page() != page
@@ -383,15 +394,8 @@ unsafe fn batch_remote_free(heap: &ThreadHeap, page: *mut Page, block: *mut Bloc
 #[inline(never)]
 unsafe fn batch_after_purger(heap: &ThreadHeap, page: *mut Page, block: *mut Block) {
     heap.wait_for_purger();
-    // SAFETY: caller contract; `[remote-batch]`: the batch is this thread's.
-    unsafe {
-        if heap.remote_batch().page() != page
-            || heap.remote_batch().add(page, block, (*page).link_key())
-        {
-            return batch_boundary(heap, page, block, false);
-        }
-    }
-    heap.end_change(false);
+    // SAFETY: caller contract; the purger is done with the heap.
+    unsafe { batch_add(heap, page, block, false) }
 }
 
 /// [`batch_remote_free`] at a batch's boundary: `block` starts a new batch

@@ -259,17 +259,13 @@ impl ThreadHeap {
     /// [`ThreadHeap::end_change`]. Nests. Owner only.
     #[inline]
     pub fn begin_change(&self) -> bool {
-        let was = self.busy.load(Ordering::Relaxed);
-        if !was {
-            self.busy.store(true, Ordering::Relaxed);
-            // `[purge-handshake]`: the purger's membarrier supplies the CPU
-            // barrier; the compiler must not move the load above the store.
-            compiler_fence(Ordering::SeqCst);
-            if self.purger_here.load(Ordering::Relaxed) {
+        match self.try_begin_change() {
+            Some(was) => was,
+            None => {
                 self.wait_for_purger();
+                false
             }
         }
-        was
     }
 
     /// [`ThreadHeap::begin_change`] without the wait, for a path that
@@ -282,7 +278,8 @@ impl ThreadHeap {
         let was = self.busy.load(Ordering::Relaxed);
         if !was {
             self.busy.store(true, Ordering::Relaxed);
-            // `[purge-handshake]`: as in `begin_change`.
+            // `[purge-handshake]`: the purger's membarrier supplies the CPU
+            // barrier; the compiler must not move the load above the store.
             compiler_fence(Ordering::SeqCst);
             if self.purger_here.load(Ordering::Relaxed) {
                 return None;
