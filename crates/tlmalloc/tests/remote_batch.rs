@@ -18,8 +18,9 @@ use tlmalloc::options::{self, Opt};
 
 const SIZE: usize = 512;
 
-/// Give the calling thread a heap of its own (a thread that never
-/// allocated frees without a batch).
+/// Give the calling thread a heap of its own before it frees (as a thread
+/// that also allocates has; a thread that only frees gets one at its first
+/// remote free: `a_thread_that_only_frees_gets_a_heap_and_batches`).
 fn own_heap() {
     let p = malloc(16);
     assert!(!p.is_null());
@@ -45,6 +46,30 @@ fn freer(
     })
 }
 
+/// `n` blocks of `SIZE` of the calling thread, and the set of them.
+fn blocks_to_hand_over(n: usize) -> (Vec<usize>, HashSet<usize>) {
+    let blocks: Vec<usize> = (0..n).map(|_| malloc(SIZE) as usize).collect();
+    assert!(blocks.iter().all(|&p| p != 0));
+    let set = blocks.iter().copied().collect();
+    (blocks, set)
+}
+
+/// How many of `freed` (blocks of `SIZE` that another thread freed) the
+/// calling thread, their owner, does not get back among a few pages' worth
+/// of new blocks: a block left waiting in a batch never comes back.
+fn never_again(freed: &HashSet<usize>) -> usize {
+    let again: Vec<usize> = (0..4 * freed.len() + 256)
+        .map(|_| malloc(SIZE) as usize)
+        .collect();
+    let seen: HashSet<usize> = again.iter().copied().collect();
+    let missing = freed.difference(&seen).count();
+    for p in again {
+        // SAFETY: allocated above, freed once.
+        unsafe { tlmalloc::free(p as *mut u8) };
+    }
+    missing
+}
+
 #[test]
 fn frees_waiting_in_an_exited_thread_come_back_to_the_owner() {
     let _serial = common::serial();
@@ -52,25 +77,15 @@ fn frees_waiting_in_an_exited_thread_come_back_to_the_owner() {
         own_heap();
         // Fewer than a batch's worth stay waiting after the last full one.
         let n = 90;
-        let blocks: Vec<usize> = (0..n).map(|_| malloc(SIZE) as usize).collect();
-        assert!(blocks.iter().all(|&p| p != 0));
-        let freed: HashSet<usize> = blocks.iter().copied().collect();
+        let (blocks, freed) = blocks_to_hand_over(n);
         let (go_tx, go_rx) = mpsc::channel();
         let (done_tx, done_rx) = mpsc::channel();
         let t = freer(blocks, go_rx, done_tx);
         done_rx.recv().unwrap();
         go_tx.send(()).unwrap();
         t.join().unwrap();
-        // Every block freed over there is found again here, among a few
-        // pages' worth of new blocks (a block left in the exited thread's
-        // batch would never be).
-        let again: Vec<usize> = (0..4 * n + 256).map(|_| malloc(SIZE) as usize).collect();
-        let seen: HashSet<usize> = again.iter().copied().collect();
-        let missing = freed.difference(&seen).count();
-        for p in again {
-            // SAFETY: allocated above, freed once.
-            unsafe { tlmalloc::free(p as *mut u8) };
-        }
+        // Every block freed over there is found again here.
+        let missing = never_again(&freed);
         assert_eq!(
             missing, 0,
             "{missing} of {n} remotely freed blocks never came back"
@@ -136,6 +151,48 @@ impl WaitingFrees {
         self.freer_exit.send(()).unwrap();
         self.freer.join().unwrap();
     }
+}
+
+#[test]
+fn a_thread_that_only_frees_gets_a_heap_and_batches() {
+    let _serial = common::serial();
+    // Remote frees wait for other frees into their page only in a thread
+    // heap's batch: a thread that never allocated gets one at its first
+    // remote free of a small block, batches, and hands everything over at
+    // its exit.
+    thread::spawn(|| {
+        own_heap();
+        let n = 90;
+        let (blocks, freed) = blocks_to_hand_over(n);
+        let (before, after) = thread::spawn(move || {
+            let before = tlmalloc::thread_heap_kind();
+            for p in blocks {
+                // SAFETY: each block is live and freed once, here.
+                unsafe { tlmalloc::free(p as *mut u8) };
+            }
+            (before, tlmalloc::thread_heap_kind())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(
+            before,
+            tlmalloc::HeapKind::Empty,
+            "the freeing thread never allocated"
+        );
+        assert_eq!(
+            after,
+            tlmalloc::HeapKind::Thread,
+            "a thread that only frees gets a heap (and so a batch) at its first remote free"
+        );
+        // What waited in its batch was handed over at its exit.
+        let missing = never_again(&freed);
+        assert_eq!(
+            missing, 0,
+            "{missing} of {n} blocks freed by a thread that only frees never came back"
+        );
+    })
+    .join()
+    .unwrap();
 }
 
 #[test]
