@@ -393,30 +393,36 @@ fn find_page(heap: &ThreadHeap, state: &mut HeapState, class: usize) -> *mut Pag
 }
 
 /// Look at up to `PAGE_SCAN_MAX` pages of the queue, collecting their remote
-/// frees; the first with a free block moves to the front. Full pages go to
-/// the back, so the next scan starts with pages not looked at recently.
+/// frees; the first with a free block moves to the front. The used-up pages
+/// before it go to the back, so the next scan starts with pages not looked
+/// at recently; the queue is walked, and rotated once at the end, so a scan
+/// that passes several used-up pages refreshes the current page once.
 fn scan_queue(state: &mut HeapState, class: usize) -> Option<*mut Page> {
-    for _ in 0..PAGE_SCAN_MAX {
-        let page = state.queue_first(class);
-        if page.is_null() {
-            return None;
-        }
+    let mut page = state.queue_first(class);
+    let mut passed = 0;
+    while !page.is_null() && passed < PAGE_SCAN_MAX {
         // SAFETY: `[queues]`: a queued page is a live page of this heap.
         unsafe {
             if (*page).collect_local() {
-                return Some(page);
+                break;
             }
             (*page).collect_remote();
             if !(*page).free.is_null() || (*page).extend(PAGE_EXTEND_BYTES) {
-                return Some(page);
+                break;
             }
-            if List::next(page).is_null() {
-                return None;
-            }
-            state.queue_rotate(page);
+            page = List::next(page);
         }
+        passed += 1;
     }
-    None
+    if page.is_null() {
+        return None; // every queued page is used up: their order is moot
+    }
+    if passed > 0 {
+        // The page found (or, past `PAGE_SCAN_MAX`, the first page not
+        // looked at) comes to the front.
+        state.queue_rotate_first(class, passed);
+    }
+    (passed < PAGE_SCAN_MAX).then_some(page)
 }
 
 /// Claim a page slot for `class` in one of the heap's segments (or a new

@@ -255,22 +255,23 @@ impl HeapState {
         self.refresh_current(class);
     }
 
-    /// Move `page` (queued) to the back of its queue. It never leaves the
-    /// queue, so a kept page stays kept (`[retired]`), and the current page
-    /// is refreshed once (a slow path's scan rotates a page per `malloc`
-    /// that finds its page used up, in a program that frees at random).
-    ///
-    /// # Safety
-    /// As [`HeapState::queue_remove`].
-    pub unsafe fn queue_rotate(&mut self, page: *mut Page) {
-        // SAFETY: caller contract: a queued page of ours, whose class is
-        // below `CLASS_COUNT` (`[queues]`); it is back on its queue on return.
-        let class = unsafe {
-            let class = (*page).class as usize;
-            self.queues[class].remove(page);
-            self.queues[class].push_back(page);
-            class
-        };
+    /// Move the first `n` pages of `class`'s queue (it holds at least `n`)
+    /// to its back, in their order. They never leave the queue, so a kept
+    /// page stays kept (`[retired]`), and the current page is refreshed once
+    /// (a slow path's scan passes the used-up pages at the front of the
+    /// queue: up to `PAGE_SCAN_MAX` of them in a program that mallocs a
+    /// batch of big blocks).
+    pub fn queue_rotate_first(&mut self, class: usize, n: usize) {
+        for _ in 0..n {
+            let page = self.queues[class].first();
+            debug_assert!(!page.is_null());
+            // SAFETY: `[queues]`: the first page of the queue is on it, a
+            // live page of ours; it is back on the queue at once.
+            unsafe {
+                self.queues[class].remove(page);
+                self.queues[class].push_back(page);
+            }
+        }
         self.refresh_current(class);
     }
 
