@@ -10,7 +10,9 @@
 # TLMALLOC_LIB=path measures another build of the library.
 # BENCH=clear_batch times crates/tlmalloc-capi/bench/clear_batch.c instead:
 # batches of 14 blocks, each cleared with memset after malloc, freed
-# last-first (PAIRS is then the number of batches).
+# last-first (PAIRS is then the number of batches). BENCH=touch_batch
+# times crates/tlmalloc-capi/bench/touch_batch.c: batches of 64 blocks,
+# first and last byte touched, freed in allocation order.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-7}
