@@ -9,7 +9,7 @@ use crate::config::{MEDIUM_PAGE_SHIFT, SMALL_PAGE_SHIFT};
 use crate::counters::RETIRED;
 use crate::handover::{flush_remote_batch, release_abandoned};
 use crate::heap::{thread_heap, HeapKind, ThreadHeap};
-use crate::init::init_thread_heap;
+use crate::init::thread_heap_or_init;
 use crate::large;
 use crate::os::{self, valgrind};
 use crate::page::Page;
@@ -300,11 +300,10 @@ unsafe fn free_remote(segment: *mut Segment, p: *mut u8) {
         // still holding it.
         if key & 1 == 0 && remote_batch::batchable((*segment).kind) {
             let me = &*thread_heap();
-            if me.kind() == HeapKind::Thread {
-                return batch_remote_free(me, page, block);
-            }
-            if me.kind() == HeapKind::Empty {
-                return first_remote_free(page, block);
+            match me.kind() {
+                HeapKind::Thread => return batch_remote_free(me, page, block),
+                HeapKind::Empty => return first_remote_free(page, block),
+                _ => {}
             }
         }
         push_remote(page, block);
@@ -330,14 +329,15 @@ unsafe fn free_remote(segment: *mut Segment, p: *mut u8) {
 #[cold]
 #[inline(never)]
 unsafe fn first_remote_free(page: *mut Page, block: *mut Block) {
-    let heap = init_thread_heap();
-    // SAFETY: caller contract; a heap `init_thread_heap` returns is the
-    // calling thread's new thread heap (`[tls-heap]`).
+    // SAFETY: `[tls-heap]`: the calling thread's heap, new or (out of
+    // memory) still the static empty one.
+    let heap = unsafe { &*thread_heap_or_init() };
+    // SAFETY: caller contract.
     unsafe {
-        if heap.is_null() {
-            push_remote(page, block);
+        if heap.kind() == HeapKind::Thread {
+            batch_remote_free(heap, page, block);
         } else {
-            batch_remote_free(&*heap, page, block);
+            push_remote(page, block);
         }
     }
 }

@@ -82,12 +82,11 @@ const fn start_magic(block_size: usize) -> u64 {
 /// The fewest blocks [`Page::extend`] threads, when that many have their
 /// first words in OS pages written before (`Page::touched_blocks`: a page
 /// slot claimed again, or the OS page of the last block handed out), where
-/// threading them costs no memory. Without it a
-/// page of 64 KiB blocks, claimed again, was carved one block per slow path
-/// (`PAGE_EXTEND_BYTES / 64 KiB` rounds to 1): a program that mallocs a
-/// batch of 64 such blocks and frees them all, over and over
-/// (`crates/tlmalloc-capi/bench/touch_batch.c`), ran every malloc through
-/// the slow path, 285 instructions each.
+/// threading them costs no memory. Without it a page of 64 KiB blocks,
+/// claimed again, was carved one block per slow path (`PAGE_EXTEND_BYTES /
+/// 64 KiB` rounds to 1): a program that mallocs a batch of 64 such blocks
+/// and frees them all, over and over (`crates/tlmalloc-capi/bench/touch_batch.c`),
+/// ran every malloc through the slow path, 285 instructions each.
 const CARVE_WRITTEN_MIN: u32 = 8;
 
 /// How many lanes `thread_run` threads blocks of `size` bytes in.
@@ -620,9 +619,7 @@ impl Page {
                 n => step = step.min(n),
             }
         } else {
-            // Blocks whose first words lie in OS pages written before (a
-            // page slot claimed again) cost no memory to thread: a page of
-            // big blocks is carved a few at a time, not one per slow path.
+            // `CARVE_WRITTEN_MIN`: what lies in written memory is free to thread.
             step = step.max(CARVE_WRITTEN_MIN.min(self.touched_blocks()));
         }
         // Whole lanes (`thread_run`): the run's last block then lies a
