@@ -431,6 +431,7 @@ fn scan_queue(state: &mut HeapState, class: usize) -> Option<*mut Page> {
 #[inline(never)]
 fn fresh_page(heap: &ThreadHeap, state: &mut HeapState, class: usize) -> *mut Page {
     let kind = segment_kind_of(class);
+    state.release_retired_for_fresh(kind);
     let list = avail_list(kind);
     let mut segment = state.segments_first(list);
     if segment.is_null() {

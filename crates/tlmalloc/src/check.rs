@@ -53,6 +53,10 @@ fn check_queue(heap: usize, state: &HeapState, class: usize) {
         let p = unsafe { &*page };
         check(p.in_use && p.queued, "queued page not in use");
         check(p.class as usize == class, "page on the wrong class queue");
+        check(
+            p.kept_slot == 0 || (p.used == 0 && page != state.current[class]),
+            "kept page in use or current",
+        );
         // SAFETY: as above.
         check(
             unsafe { List::prev(page) } == prev,

@@ -224,10 +224,7 @@ unsafe fn page_emptied(heap: &ThreadHeap, p: *mut u8) {
     // (a page with live blocks is) and not current (it has no pin).
     unsafe { heap.state().retire_page(page) };
     heap.end_change(was);
-    // Only now: a purge pass gives back the kept pages that are empty
-    // (`release_retired`), and this page may be one of them, kept before,
-    // refilled, and emptied again just now. Ticked before `retire_page`,
-    // the pass released it and `retire_page` released it a second time.
+    // After the page is kept: a pass due now gives it back with the others.
     heap.tick_purge();
 }
 

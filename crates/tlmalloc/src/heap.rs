@@ -67,9 +67,10 @@ pub enum HeapKind {
 /// `purger_here`. The barrier makes one of them see the other's store: if
 /// the purger reads `busy == false`, the owner will see `purger_here` at
 /// its next `begin_change` and wait there until the purger clears it, so
-/// until then the purger may purge the heap's free pages and cached large
-/// blocks (through field projections: the owner's fast paths keep running,
-/// on other fields). The owner pays a store and a load per slow path, and
+/// until then the purger may give back the heap's kept empty pages
+/// (`[retired]`: no fast path reaches them) and purge its free pages and
+/// cached large blocks (through field projections: the owner's fast paths
+/// keep running, on other fields). The owner pays a store and a load per slow path, and
 /// nothing on the fast paths.
 #[repr(C)]
 pub struct ThreadHeap {
@@ -404,13 +405,13 @@ impl ThreadHeap {
     /// # Safety
     /// As [`ThreadHeap::purge_idle`].
     pub(crate) unsafe fn holds_purgeable(&self) -> bool {
-        // SAFETY: caller contract: the owner cannot change the segment
-        // lists or the local large cache until the flag clears.
+        // SAFETY: caller contract: the owner cannot change its kept pages,
+        // segment lists or local large cache until the flag clears.
         unsafe { HeapState::holds_purgeable_idle(self.state.get()) }
     }
 
-    /// Purge an idle heap's free pages and cached large blocks: the
-    /// background purger's side of `[purge-handshake]`.
+    /// Give back an idle heap's kept pages and purge its free pages and
+    /// cached large blocks: the background purger's side of `[purge-handshake]`.
     ///
     /// # Safety
     /// The caller is the purger, set this heap's `purger_here`, issued the

@@ -222,8 +222,12 @@ pub struct Page {
     /// written before this use of the slot (a page boundary past `area`,
     /// or 0): refills thread blocks up to there as on a touched page.
     pub written_len: u32,
+    /// Owner (and the background purger under `[purge-handshake]`): 0, or
+    /// the page is listed in its heap's kept pages at index `kept_slot - 1`
+    /// (`[retired]`), so it is empty and not current.
+    pub kept_slot: u8,
     /// Keeps what other threads touch off the owner's cache line.
-    _line: [u8; 4],
+    _line: [u8; 3],
     /// Shared: blocks freed by other threads (the second cache line).
     pub thread_free: ThreadFree,
     /// Constant while in use: the first block, as `valgrind::hide_pointer`
@@ -280,7 +284,8 @@ impl Page {
                 start_magic: 0,
                 links: Links::new(),
                 written_len: 0,
-                _line: [0; 4],
+                kept_slot: 0,
+                _line: [0; 3],
                 link_key: 0,
             }
         }
@@ -288,7 +293,7 @@ impl Page {
 
     /// Start using the slot for `reserved` blocks of `block_size` bytes at `area`.
     pub fn init(&mut self, area: *mut u8, block_size: usize, reserved: u32, class: u8) {
-        debug_assert!(!self.in_use && self.thread_free.is_empty_hint());
+        debug_assert!(!self.in_use && self.kept_slot == 0 && self.thread_free.is_empty_hint());
         self.free = ptr::null_mut();
         self.local_free = ptr::null_mut();
         self.used = 0;
@@ -368,7 +373,7 @@ impl Page {
 
     /// Forget the page's blocks (all of them are free: `used == 0`).
     pub fn reset(&mut self) {
-        debug_assert!(self.used == 0 && !self.queued);
+        debug_assert!(self.used == 0 && !self.queued && self.kept_slot == 0);
         self.free = ptr::null_mut();
         self.local_free = ptr::null_mut();
         self.capacity = 0;

@@ -21,8 +21,9 @@
 //! 3. visits every registered heap with the handshake of `heap.rs`
 //!    (`[purge-handshake]`): in batches, marks the heaps, issues one
 //!    `membarrier`, and purges each one that was not in a slow path — its
-//!    dirty free pages and cached large blocks, by the same rules its
-//!    owner's clock would apply — then releases it. A thread heap's batch
+//!    kept empty pages (`[retired]`, once an earlier pass saw them), dirty
+//!    free pages and cached large blocks, by the same rules its owner's
+//!    clock would apply — then releases it. A thread heap's batch
 //!    of remote frees (`[remote-batch]`) is published first, so a thread
 //!    that freed into other threads' pages and went quiet holds nothing
 //!    back from them past a pass.

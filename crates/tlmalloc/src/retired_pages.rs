@@ -10,44 +10,47 @@
 //! next round's refill finds it as it was.
 //!
 //! The container only remembers which pages were kept; the heap (`heap_state.rs`)
-//! decides what to keep and releases the kept pages that are still empty at
-//! its next purge pass; a page emptied while the container is full goes
-//! back at once. What it keeps is bounded ([`RETIRED_PAGES`] pages, [`RETIRED_BYTES_MAX`] bytes),
-//! because an idle thread's heap keeps them until its next slow path: the
-//! background purger does not touch a heap's queues.
+//! decides what to keep, forgets a page the moment it becomes current
+//! again, and gives back the kept pages at its next purge pass, or when a
+//! class of the same segment kind needs a fresh page (so kept pages never
+//! make the heap claim memory it has). The background purger gives back
+//! an idle heap's kept pages under the purge handshake: every kept page is
+//! empty and not current, so none of the owner's fast paths can reach it.
+//! What it keeps is bounded ([`RETIRED_PAGES`] pages, so 8 MiB of medium
+//! pages at most): a page emptied while the container is full goes back at
+//! once.
 
 use core::ptr;
 
 use crate::page::Page;
-use crate::segment::Segment;
+use crate::segment::{Segment, SegmentKind};
 
-/// Pages a heap keeps at most.
-pub const RETIRED_PAGES: usize = 8;
-/// Bytes of pages a heap keeps at most: eight small pages, or one medium one.
-pub const RETIRED_BYTES_MAX: usize = 512 * 1024;
+/// Pages a heap keeps at most: a batch of 64 blocks of 128 KiB (the
+/// largest medium class) spans sixteen 512 KiB pages, so 8 MiB at most.
+pub const RETIRED_PAGES: usize = 16;
+const _: () = assert!(
+    RETIRED_PAGES < u8::MAX as usize,
+    "`Page::kept_slot` is a u8"
+);
 
 /// The pages a heap kept (owner only, part of `HeapState`).
 ///
 /// Invariant `[retired]`: each entry is a page on one of the owning heap's
-/// queues, listed once: the heap forgets an entry when its page leaves the
-/// queue (`HeapState::queue_remove`, on every path that releases, unqueues
-/// or hands over a page), so an entry never outlives the page's use by this
-/// heap. Whether the page is still empty is the heap's question when it
-/// releases the kept pages (it may have been refilled since).
+/// queues, listed once, at the index `Page::kept_slot - 1` (0 while it is
+/// not listed); it is empty (`used == 0`) and not current. The heap
+/// forgets an entry when its page leaves the queue (`HeapState::queue_remove`,
+/// on every path that releases, unqueues or hands over a page) and when it
+/// becomes current again (`HeapState::refresh_current`, the only way blocks
+/// are handed out of it), so an entry never outlives the page's use by
+/// this heap, and no block of a kept page is live: neither a malloc nor a
+/// free of the owner's fast paths can touch it, which lets the background
+/// purger give it back while the owner is outside a change.
 pub struct RetiredPages {
     pages: [*mut Page; RETIRED_PAGES],
     len: usize,
-    /// Bytes of the kept pages.
-    bytes: usize,
-}
-
-/// The bytes of `page`'s slot.
-///
-/// # Safety
-/// `page` is a page slot in a live segment's header.
-unsafe fn page_bytes(page: *mut Page) -> usize {
-    // SAFETY: caller contract; `[segment-header]` finds the header.
-    1 << unsafe { (*Segment::of(page.cast())).page_shift }
+    /// A background purger's pass saw the pages kept, and the heap has
+    /// kept none since (`RetiredPages::purger_may_release`).
+    seen_by_purger: bool,
 }
 
 impl RetiredPages {
@@ -56,47 +59,117 @@ impl RetiredPages {
         RetiredPages {
             pages: [ptr::null_mut(); RETIRED_PAGES],
             len: 0,
-            bytes: 0,
+            seen_by_purger: false,
         }
     }
 
-    /// Whether `page` is kept already.
-    pub fn holds(&self, page: *mut Page) -> bool {
-        self.pages[..self.len].contains(&page)
-    }
-
-    /// Keep `page` if the bounds allow; false otherwise.
-    ///
-    /// # Safety
-    /// `page` is a page of a live segment, on the owning heap's queue.
-    pub unsafe fn keep(&mut self, page: *mut Page) -> bool {
-        // SAFETY: caller contract.
-        let size = unsafe { page_bytes(page) };
-        if self.len == RETIRED_PAGES || self.bytes + size > RETIRED_BYTES_MAX {
+    /// For the background purger's pass over an idle heap: whether to give
+    /// the kept pages back now. Only when an earlier pass saw them and the
+    /// heap kept no page since, so a page is kept for a pass interval at
+    /// least (a thread between two rounds of a batch finds its pages; the
+    /// first page kept wakes a sleeping purger at once), and an idle
+    /// heap's pages go back within two intervals.
+    pub fn purger_may_release(&mut self) -> bool {
+        if self.len == 0 {
             return false;
         }
+        let seen = self.seen_by_purger;
+        self.seen_by_purger = true;
+        seen
+    }
+
+    /// Whether no page is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Keep `page` if the bound allows; false otherwise.
+    ///
+    /// # Safety
+    /// `page` is an empty, not current page of a live segment, on the
+    /// owning heap's queue, not kept yet.
+    pub unsafe fn keep(&mut self, page: *mut Page) -> bool {
+        if self.len == RETIRED_PAGES {
+            return false;
+        }
+        // No panic: `len < RETIRED_PAGES` after the test above.
         self.pages[self.len] = page;
         self.len += 1;
-        self.bytes += size;
+        self.seen_by_purger = false;
+        // SAFETY: caller contract: a live page of ours. No truncation:
+        // `len <= RETIRED_PAGES < 255`.
+        unsafe { (*page).kept_slot = self.len as u8 };
         true
     }
 
-    /// Forget `page` if it is kept.
+    /// Forget `page` if it is kept: one load when it is not.
     ///
     /// # Safety
-    /// `page` is a page of a live segment.
+    /// `page` is a page of a live segment the caller holds (or the static
+    /// empty page, which is never kept).
+    #[inline]
     pub unsafe fn forget(&mut self, page: *mut Page) {
-        if let Some(i) = self.pages[..self.len].iter().position(|&p| p == page) {
-            self.len -= 1;
-            // SAFETY: caller contract.
-            self.bytes -= unsafe { page_bytes(page) };
-            self.pages[i] = self.pages[self.len];
+        // SAFETY: caller contract.
+        if unsafe { (*page).kept_slot } != 0 {
+            // SAFETY: as above.
+            unsafe { self.forget_kept(page) };
         }
     }
 
-    /// Hand each kept page to `f` (at most [`RETIRED_PAGES`]).
-    pub fn for_each(self, f: impl FnMut(*mut Page)) {
-        self.pages[..self.len].iter().copied().for_each(f);
+    /// [`RetiredPages::forget`] for a page that is kept: the last entry
+    /// takes its place.
+    ///
+    /// # Safety
+    /// As [`RetiredPages::forget`], `page.kept_slot` set.
+    unsafe fn forget_kept(&mut self, page: *mut Page) {
+        // SAFETY: caller contract; `[retired]`: the slot names the entry,
+        // and the last entry is a live page of ours too.
+        unsafe {
+            let i = (*page).kept_slot as usize - 1;
+            (*page).kept_slot = 0;
+            self.len -= 1;
+            debug_assert!(self.pages[i] == page);
+            if i != self.len {
+                // No panic: `i < len < RETIRED_PAGES`.
+                let last = self.pages[self.len];
+                self.pages[i] = last;
+                (*last).kept_slot = i as u8 + 1;
+            }
+        }
+    }
+
+    /// Forget every kept page whose segment is of `kind`, handing each to
+    /// `f` (which gives it back).
+    ///
+    /// # Safety
+    /// Every kept page is live (`[retired]`).
+    pub unsafe fn drain_kind(&mut self, kind: SegmentKind, mut f: impl FnMut(*mut Page)) {
+        let mut i = 0;
+        while i < self.len {
+            let page = self.pages[i];
+            // SAFETY: caller contract; `[segment-header]` finds the header.
+            if unsafe { (*Segment::of(page.cast())).kind } == kind {
+                // SAFETY: kept, so `forget_kept` applies; it moves the last
+                // entry to `i`, which is looked at next.
+                unsafe { self.forget_kept(page) };
+                f(page);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Forget every kept page, handing each to `f` (which gives it back).
+    ///
+    /// # Safety
+    /// Every kept page is live (`[retired]`).
+    pub unsafe fn drain(&mut self, mut f: impl FnMut(*mut Page)) {
+        while self.len > 0 {
+            let page = self.pages[self.len - 1];
+            // SAFETY: caller contract; kept.
+            unsafe { self.forget_kept(page) };
+            f(page);
+        }
     }
 }
 
