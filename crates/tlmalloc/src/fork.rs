@@ -21,8 +21,10 @@
 //!   only a page's free lists and count, in an order that leaves a page
 //!   consistent or, at worst, with one block lost or one block too many
 //!   counted (a leak, never a block handed out twice). In the child, the
-//!   other threads' heaps leave the registry; each one that was not busy is
-//!   handed over like an exited thread's (`handover::abandon_heap`: its
+//!   other threads' heaps leave the registry; each one that was neither
+//!   busy nor under the purger (whose pass gives back kept pages and
+//!   relists segments: `ThreadHeap::maybe_half_changed`) is handed over
+//!   like an exited thread's (`handover::abandon_heap`: its
 //!   segments are adopted by the child's threads later) and returns to
 //!   the heap pool; a busy one is left behind. If the forking thread's own
 //!   heap was busy (a signal handler's `fork` interrupted its slow path),
@@ -91,9 +93,10 @@ pub unsafe fn repair_child() {
     // flag races with nothing.
     let keep = unsafe {
         match (*me).kind() {
-            HeapKind::Thread if (*me).is_busy() => {
+            HeapKind::Thread if (*me).maybe_half_changed() => {
                 // A signal handler's fork interrupted this thread's own slow
-                // path: its heap may be half-changed. Start a new one.
+                // path, or the fork came during a purger pass over its heap:
+                // the heap may be half-changed. Start a new one.
                 set_thread_heap(&EMPTY_HEAP);
                 core::ptr::null_mut()
             }
@@ -104,9 +107,9 @@ pub unsafe fn repair_child() {
     // SAFETY: one thread runs; `keep` is null or this thread's live heap.
     unsafe {
         registry::after_fork_child(keep, |orphan| {
-            // SAFETY: the orphan's thread does not exist here; not busy, so
-            // its state is whole (`[heap-busy]`).
-            if !(*orphan).is_busy() {
+            // SAFETY: the orphan's thread does not exist here; neither busy
+            // nor under a purger pass, so its state is whole.
+            if !(*orphan).maybe_half_changed() {
                 handover::abandon_heap((*orphan).state());
                 heap_pool::heap_free(orphan);
             }

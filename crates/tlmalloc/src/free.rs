@@ -184,8 +184,14 @@ unsafe fn free_local_suspect(heap: &ThreadHeap, p: *mut u8, key: usize) {
     if registry::remote_batch_on(page) {
         report::misuse("free", p, "double free (already freed by another thread)");
     }
+    // Inside a change: the background purger may be giving the page back
+    // (a kept page, `[retired]`), and waits to be done with it first. A
+    // page with no live block, or no longer in use, holds no block to free.
+    let was = heap.begin_change();
     // SAFETY: `page` is a page `heap` owns, and the caller is its owner.
-    if unsafe { (*page).holds_free(block) } {
+    let double = unsafe { !(*page).in_use || (*page).is_unused() || (*page).holds_free(block) };
+    heap.end_change(was);
+    if double {
         report::misuse("free", p, "double free");
     }
     // SAFETY: the block is live (on no list), as `free_owned` requires; a

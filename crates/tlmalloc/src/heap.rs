@@ -282,7 +282,10 @@ impl ThreadHeap {
             // `[purge-handshake]`: the purger's membarrier supplies the CPU
             // barrier; the compiler must not move the load above the store.
             compiler_fence(Ordering::SeqCst);
-            if self.purger_here.load(Ordering::Relaxed) {
+            // Acquire: a flag the purger cleared after a visit is read with
+            // what it changed then (kept pages, queues, segment lists); a
+            // plain load on x86-64.
+            if self.purger_here.load(Ordering::Acquire) {
                 return None;
             }
         }
@@ -313,6 +316,15 @@ impl ThreadHeap {
     /// the purger (after its barrier) and a fork child.
     pub(crate) fn is_busy(&self) -> bool {
         self.busy.load(Ordering::Acquire)
+    }
+
+    /// For a fork child: whether the heap may have been half-changed when
+    /// the process forked, by its owner inside a change (`[heap-busy]`) or
+    /// by a purger pass (`[purge-handshake]`: the purger gives back kept
+    /// pages and relists segments under its flag; the flag is set before
+    /// its barrier, so before any such change).
+    pub(crate) fn maybe_half_changed(&self) -> bool {
+        self.is_busy() || self.purger_here.load(Ordering::Acquire)
     }
 
     /// The purger's flag of this heap (`[purge-handshake]`).

@@ -118,7 +118,10 @@ impl HeapState {
     pub(crate) unsafe fn holds_purgeable_idle(state: *const HeapState) -> bool {
         // SAFETY: caller contract.
         unsafe {
-            !(*ptr::addr_of!((*state).retired)).is_empty()
+            let local_large = &*ptr::addr_of!((*state).local_large);
+            // A realtime-prepared heap's kept pages are not the purger's
+            // (`purge_idle` leaves such a heap alone).
+            (!local_large.held() && !(*ptr::addr_of!((*state).retired)).is_empty())
                 || purge::parts_hold_purgeable(
                     &*ptr::addr_of!((*state).segments),
                     &*ptr::addr_of!((*state).local_large),
@@ -410,8 +413,8 @@ impl HeapState {
     }
 
     /// Before a class of `kind` claims a fresh page: give back the kept
-    /// pages of that kind (all of other classes: a kept page of this one
-    /// would have been found first), so that pages kept for one class
+    /// pages of that kind (of other classes, but for a page of this one
+    /// that a scan stopped at `PAGE_SCAN_MAX` before), so that pages kept for one class
     /// never make the heap claim memory for another while they sit empty;
     /// the claim takes one of their slots, its memory still resident.
     /// Keeping up to [`RETIRED_PAGES`](crate::retired_pages::RETIRED_PAGES)
