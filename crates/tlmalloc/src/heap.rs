@@ -70,8 +70,8 @@ pub enum HeapKind {
 /// until then the purger may give back the heap's kept empty pages
 /// (`[retired]`: no fast path reaches them) and purge its free pages and
 /// cached large blocks (through field projections: the owner's fast paths
-/// keep running, on other fields). The owner pays a store and a load per slow path, and
-/// nothing on the fast paths.
+/// keep running, on other fields). The owner pays a store and a load per
+/// slow path, and nothing on the fast paths.
 #[repr(C)]
 pub struct ThreadHeap {
     /// Owner only (`[heap-owner]`). First, so `direct` is at offset 0.

@@ -122,10 +122,7 @@ impl HeapState {
             // A realtime-prepared heap's kept pages are not the purger's
             // (`purge_idle` leaves such a heap alone).
             (!local_large.held() && !(*ptr::addr_of!((*state).retired)).is_empty())
-                || purge::parts_hold_purgeable(
-                    &*ptr::addr_of!((*state).segments),
-                    &*ptr::addr_of!((*state).local_large),
-                )
+                || purge::parts_hold_purgeable(&*ptr::addr_of!((*state).segments), local_large)
         }
     }
 
@@ -155,14 +152,16 @@ impl HeapState {
             let queues = &mut *ptr::addr_of_mut!((*state).queues);
             let segments = &mut *ptr::addr_of_mut!((*state).segments);
             if retired.purger_may_release() {
-                retired.drain(|page| {
-                    // `[retired]`: queued, empty, not current, so no fast path
-                    // of the owner reaches it, and its queue keeps its first page.
-                    // No panic: a queued page has `class < CLASS_COUNT` (`[queues]`).
-                    (*page).queued = false;
-                    queues[(*page).class as usize].remove(page);
-                    give_back_page(segments, page);
-                });
+                retired.drain_where(
+                    |_| true,
+                    |page| {
+                        // `[retired]`: queued, empty, not current, so no fast
+                        // path of the owner reaches it, and its queue keeps
+                        // its first page (`current` stays as it is).
+                        unlink_page(queues, page);
+                        give_back_page(segments, page);
+                    },
+                );
             }
             purge::purge_heap_parts(avail_lists(segments), local_large, now_ms, policy, false);
         }
@@ -274,12 +273,7 @@ impl HeapState {
         // SAFETY: caller contract: a queued page is a live page of ours.
         unsafe { self.retired.forget(page) };
         // SAFETY: caller contract.
-        let class = unsafe {
-            (*page).queued = false;
-            // No panic: a queued page has `class < CLASS_COUNT` (`[queues]`).
-            self.queues[(*page).class as usize].remove(page);
-            (*page).class as usize
-        };
+        let class = unsafe { unlink_page(&mut self.queues, page) };
         self.refresh_current(class);
     }
 
@@ -401,33 +395,38 @@ impl HeapState {
 
     /// Give back the kept pages (`[retired]`).
     pub fn release_retired(&mut self) {
-        let mut kept = core::mem::take(&mut self.retired);
-        // SAFETY: `[retired]`: a kept page is a live, queued, empty page of
-        // this heap, not current.
-        unsafe {
-            kept.drain(|page| {
-                debug_assert!((*page).in_use && (*page).queued && (*page).is_unused());
-                self.release_page(page);
-            });
-        }
+        self.release_retired_where(|_| true);
     }
 
     /// Before a class of `kind` claims a fresh page: give back the kept
     /// pages of that kind (of other classes, but for a page of this one
-    /// that a scan stopped at `PAGE_SCAN_MAX` before), so that pages kept for one class
-    /// never make the heap claim memory for another while they sit empty;
-    /// the claim takes one of their slots, its memory still resident.
-    /// Keeping up to [`RETIRED_PAGES`](crate::retired_pages::RETIRED_PAGES)
-    /// pages otherwise raised the `server` workload's peak RSS by 4–8 %.
+    /// that a scan stopped at `PAGE_SCAN_MAX` before), so that pages kept
+    /// for one class never make the heap claim memory for another while
+    /// they sit empty; the claim takes one of their slots, its memory still
+    /// resident. Keeping up to
+    /// [`RETIRED_PAGES`](crate::retired_pages::RETIRED_PAGES) pages
+    /// otherwise raised the `server` workload's peak RSS by 4–8 %.
     pub fn release_retired_for_fresh(&mut self, kind: SegmentKind) {
+        // SAFETY: `[retired]`: a kept page is a live page of ours, whose
+        // segment header `[segment-header]` finds.
+        self.release_retired_where(|page| unsafe { (*Segment::of(page.cast())).kind } == kind);
+    }
+
+    /// Give back the kept pages for which `which` holds.
+    fn release_retired_where(&mut self, which: impl Fn(*mut Page) -> bool) {
         if self.retired.is_empty() {
             return;
         }
+        // Taken out while `release_page` borrows the heap; the pages not
+        // given back go back in place with it.
         let mut kept = core::mem::take(&mut self.retired);
-        // SAFETY: as in `release_retired`; the pages of other kinds are
-        // kept again, in `kept`, which goes back in place.
+        // SAFETY: `[retired]`: a kept page is a live, queued, empty page of
+        // this heap, not current.
         unsafe {
-            kept.drain_kind(kind, |page| self.release_page(page));
+            kept.drain_where(which, |page| {
+                debug_assert!((*page).in_use && (*page).queued && (*page).is_unused());
+                self.release_page(page);
+            });
         }
         self.retired = kept;
     }
@@ -454,6 +453,21 @@ unsafe fn give_back_page(segments: &mut [List<Segment>; LIST_COUNT], page: *mut 
         } else {
             segment_relist(segments, segment);
         }
+    }
+}
+
+/// Take a queued `page` off its queue in `queues`; returns its class.
+///
+/// # Safety
+/// `page` is on its class's queue in `queues`, whose heap the caller holds.
+unsafe fn unlink_page(queues: &mut [List<Page>; CLASS_COUNT], page: *mut Page) -> usize {
+    // SAFETY: caller contract.
+    unsafe {
+        (*page).queued = false;
+        // No panic: a queued page has `class < CLASS_COUNT` (`[queues]`).
+        let class = (*page).class as usize;
+        queues[class].remove(page);
+        class
     }
 }
 
@@ -491,11 +505,7 @@ unsafe fn segment_remove(segments: &mut [List<Segment>; LIST_COUNT], segment: *m
 unsafe fn segment_relist(segments: &mut [List<Segment>; LIST_COUNT], segment: *mut Segment) {
     // SAFETY: caller contract.
     unsafe {
-        let list = if (*segment).free_mask == 0 {
-            LIST_FULL
-        } else {
-            avail_list((*segment).kind)
-        };
+        let list = HeapState::list_for(&*segment);
         if (*segment).list != list {
             segment_remove(segments, segment);
             segment_push(segments, segment, list);

@@ -23,7 +23,6 @@
 use core::ptr;
 
 use crate::page::Page;
-use crate::segment::{Segment, SegmentKind};
 
 /// Pages a heap keeps at most: a batch of 64 blocks of 128 KiB (the
 /// largest medium class) spans sixteen 512 KiB pages, so 8 MiB at most.
@@ -138,17 +137,20 @@ impl RetiredPages {
         }
     }
 
-    /// Forget every kept page whose segment is of `kind`, handing each to
+    /// Forget every kept page for which `which` holds, handing each to
     /// `f` (which gives it back).
     ///
     /// # Safety
     /// Every kept page is live (`[retired]`).
-    pub unsafe fn drain_kind(&mut self, kind: SegmentKind, mut f: impl FnMut(*mut Page)) {
+    pub unsafe fn drain_where(
+        &mut self,
+        which: impl Fn(*mut Page) -> bool,
+        mut f: impl FnMut(*mut Page),
+    ) {
         let mut i = 0;
         while i < self.len {
             let page = self.pages[i];
-            // SAFETY: caller contract; `[segment-header]` finds the header.
-            if unsafe { (*Segment::of(page.cast())).kind } == kind {
+            if which(page) {
                 // SAFETY: kept, so `forget_kept` applies; it moves the last
                 // entry to `i`, which is looked at next.
                 unsafe { self.forget_kept(page) };
@@ -156,19 +158,6 @@ impl RetiredPages {
             } else {
                 i += 1;
             }
-        }
-    }
-
-    /// Forget every kept page, handing each to `f` (which gives it back).
-    ///
-    /// # Safety
-    /// Every kept page is live (`[retired]`).
-    pub unsafe fn drain(&mut self, mut f: impl FnMut(*mut Page)) {
-        while self.len > 0 {
-            let page = self.pages[self.len - 1];
-            // SAFETY: caller contract; kept.
-            unsafe { self.forget_kept(page) };
-            f(page);
         }
     }
 }
