@@ -58,6 +58,7 @@ use crate::registry;
 use crate::rt_level;
 use crate::rt_pending;
 use crate::segment_cache;
+use crate::span_purge;
 use crate::spare_pages;
 use crate::sync::{AtomicBool, AtomicUsize, Ordering};
 
@@ -223,7 +224,8 @@ fn pass(now_ms: u64, policy: PurgePolicy) -> bool {
     let mut pending = SHARED.bytes() > 0
         || segment_cache::cached_segments() > 0
         || spare_pages::bytes() > 0
-        || rt_pending::bytes() > 0;
+        || rt_pending::bytes() > 0
+        || span_purge::pending();
     ABANDONED.for_each(|segment| {
         purge::purge_dirty_pages(segment, now_ms, policy, false);
         pending |= segment.dirty_mask != 0;

@@ -100,6 +100,31 @@ fn purge_lazily() -> bool {
     options::get(Opt::PurgeMode) == PURGE_FREE
 }
 
+/// Whether a [`sweep`] has work left: a listed segment with dirty free
+/// slots (purged once they are due) or an empty one (given back once old).
+/// The background purger keeps waking while this holds; before, a pass
+/// that stamped the dirty slots and found nothing else due let the purger
+/// sleep, and the slots stayed resident until some thread freed memory
+/// again (`thread-recreate` with `TLMALLOC_PURGE_DELAY_MS=0`: 9 MiB more
+/// resident after the free than with the default delay).
+pub fn pending() -> bool {
+    let spans = SPANS.lock();
+    if spans.empty > 0 {
+        return true;
+    }
+    let mut segment = spans.segments.first();
+    while !segment.is_null() {
+        // SAFETY: `[span-segment]`: listed, ours under the lock.
+        let s = unsafe { &*segment };
+        if s.dirty_mask & s.free_mask != 0 {
+            return true;
+        }
+        // SAFETY: as above.
+        segment = unsafe { List::next(segment) };
+    }
+    false
+}
+
 /// Segments whose slots one round of a sweep takes out to purge (a sweep
 /// runs rounds until one finds fewer due).
 const SWEEP_BATCH: usize = 16;

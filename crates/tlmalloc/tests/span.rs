@@ -11,9 +11,11 @@
 mod common;
 
 use std::thread;
+use std::time::{Duration, Instant};
 
-use common::{malloc, touch_pages, Rng, KIB, MIB};
+use common::{malloc, touch_pages, OptRestore, Rng, KIB, MIB};
 use tlmalloc::config::{MEDIUM_SIZE_MAX, SPAN_SIZE_MAX, SPAN_SLOT_SIZE};
+use tlmalloc::options::{self, Opt};
 use tlmalloc::segment::{Segment, SegmentKind};
 
 fn kind_of(p: *mut u8) -> SegmentKind {
@@ -285,6 +287,43 @@ fn freed_span_memory_is_purged() {
     assert!(
         purged >= 3 * MIB,
         "only {purged} bytes purged of 18 MiB freed"
+    );
+}
+
+/// Freed span memory of a program that makes no call after the free is
+/// purged by the background purger: its passes keep coming while span
+/// segments hold dirty free slots. Before, the pass that first saw the
+/// slots (and only stamped them, as a pass does) found nothing else to
+/// wait for and let the purger sleep, so the slots stayed resident until
+/// the program freed memory again.
+#[test]
+fn the_background_purger_purges_freed_span_memory_of_an_idle_program() {
+    let _serial = common::serial();
+    let _restore = OptRestore::save(&[Opt::PurgeDelayMs, Opt::BackgroundPurge]);
+    options::set(Opt::BackgroundPurge, 1);
+    options::set(Opt::PurgeDelayMs, 20);
+    fresh_thread_state();
+    // Two sizes: the thread keeps the block it freed last for its next
+    // request of that size, the first goes back to its span segment.
+    let first = malloc(MIB);
+    let last = malloc(2 * MIB);
+    touch_pages(first, MIB);
+    touch_pages(last, 2 * MIB);
+    let purged_before = tlmalloc::stats::os_stats().purged_bytes;
+    free(first);
+    free(last);
+    // No allocator call from here on: only the purger can purge.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let purged = loop {
+        let purged = tlmalloc::stats::os_stats().purged_bytes - purged_before;
+        if purged >= MIB || Instant::now() > deadline {
+            break purged;
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    assert!(
+        purged >= MIB,
+        "{purged} bytes purged in 5 s of a freed 1 MiB span block"
     );
 }
 
