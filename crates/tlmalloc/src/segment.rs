@@ -376,17 +376,20 @@ impl Segment {
     /// are in use ([`Segment::slot_for`] says which); with it, the address
     /// where its untouched memory starts: from there to the slot's end,
     /// zero bytes no one wrote since the OS zeroed them (`written`; the
-    /// slot's end when all of it may be written). A slot that had been
-    /// purged counts as committed again.
-    pub fn claim_page(&mut self, class: u8) -> Option<(usize, usize)> {
+    /// slot's end when all of it may be written), and whether the slot's
+    /// last page was of another class (what it wrote, it wrote for blocks
+    /// of another size). A slot that had been purged counts as committed
+    /// again.
+    pub fn claim_page(&mut self, class: u8) -> Option<(usize, usize, bool)> {
         if self.free_mask == 0 {
             return None;
         }
         let index = self.slot_for(class);
-        // No panic: `index < 64 == slot_class.len()` (a bit of a u64 mask).
-        self.slot_class[index] = class;
-        self.slot_class_set |= 1u64 << index;
         let bit = 1u64 << index;
+        // No panic: `index < 64 == slot_class.len()` (a bit of a u64 mask).
+        let other_class = self.slot_class_set & bit != 0 && self.slot_class[index] != class;
+        self.slot_class[index] = class;
+        self.slot_class_set |= bit;
         let slot = index << self.page_shift;
         let untouched_from = self
             .written
@@ -398,7 +401,11 @@ impl Segment {
             self.purged_mask &= !bit;
             counters::record_recommit(self.slot_purge_range(index).1);
         }
-        Some((index, self as *const Segment as usize + untouched_from))
+        Some((
+            index,
+            self as *const Segment as usize + untouched_from,
+            other_class,
+        ))
     }
 
     /// The free slot a page of `class` takes: the lowest whose last page

@@ -84,7 +84,7 @@ fn segment_with_blocks(n: usize, owner: usize) -> (Shared<Segment>, Vec<usize>) 
     // SAFETY: a header of our own, not shared yet.
     let segment = unsafe { &mut *header(SegmentKind::Small, 0) };
     segment.set_owner(owner);
-    let (index, _) = segment.claim_page(0).unwrap();
+    let (index, _, _) = segment.claim_page(0).unwrap();
     let area = blocks(n);
     let page = &mut segment.pages[index];
     page.init(area, core::mem::size_of::<Block>(), n as u32, 0);

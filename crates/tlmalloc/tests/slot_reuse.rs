@@ -267,3 +267,101 @@ fn a_medium_page_takes_the_slot_whose_written_memory_fits_its_block() {
     // A class no free slot held: the best fit, slot 5.
     assert_eq!(claim(segment, 100 * KIB), 5);
 }
+
+/// Whether a claim reports the slot's last page as another class's: what
+/// decides that the claiming page trims the slot's written tail (alloc.rs,
+/// `trim_written_tail`).
+#[test]
+fn a_claim_says_whether_another_class_wrote_the_slot() {
+    let mut memory = medium_header();
+    // SAFETY: initialised by `medium_header`.
+    let segment = unsafe { memory.assume_init_mut() };
+    let class_for = |size: usize| tlmalloc::size_class::class_of(size) as u8;
+    // Never claimed: no other class wrote it.
+    let (index, _, other) = segment.claim_page(class_for(100 * KIB)).unwrap();
+    assert!(!other);
+    segment.release_page(index);
+    // Back to its class: the same class wrote it.
+    let (again, _, other) = segment.claim_page(class_for(100 * KIB)).unwrap();
+    assert_eq!(again, index);
+    assert!(!other);
+    segment.release_page(again);
+    // Every free slot but this one is unwritten, so a block of 20 KiB fits
+    // best here ([`Segment::best_written_fit`] needs written memory to
+    // prefer a slot; mark some).
+    segment.written.mark(
+        index << segment.page_shift,
+        (index << segment.page_shift) + 400 * KIB,
+    );
+    let (taken, _, other) = segment.claim_page(class_for(20 * KIB)).unwrap();
+    assert_eq!(taken, index);
+    assert!(other, "slot {index} was last a page of 100 KiB blocks");
+}
+
+/// Medium blocks for the end-to-end trim check: 100 KiB each, four to a
+/// 512 KiB page, written to their end.
+const TRIM_BIG: usize = 100 * KIB;
+/// A medium page and its alignment.
+const MEDIUM_PAGE: usize = 512 * KIB;
+
+/// With a zero purge delay, a medium page whose slot another class wrote
+/// keeps what two of its blocks need and gives the rest back: one 20 KiB
+/// block in a slot that 100 KiB blocks wrote to 400 KiB holds 128 KiB
+/// resident, not 400. Before, the slot kept all its written memory as long
+/// as the new page lived (`thread-recreate`: every live medium block held
+/// a whole slot). In a child process: a fresh segment, whose only written
+/// slot is this one.
+#[test]
+fn a_medium_page_of_another_class_gives_back_what_it_does_not_need() {
+    const NAME: &str = "a_medium_page_of_another_class_gives_back_what_it_does_not_need";
+    if std::env::var(CASE_VAR).is_err() {
+        return in_child(NAME, "trim");
+    }
+    let _guard = serial_alone();
+    tlmalloc::options::set(tlmalloc::options::Opt::PurgeDelayMs, 0);
+    thread::spawn(|| {
+        let big: Vec<*mut u8> = (0..4)
+            .map(|_| {
+                let p = tlmalloc::malloc(TRIM_BIG);
+                // SAFETY: a live block of `TRIM_BIG` bytes.
+                unsafe { p.write_bytes(1, TRIM_BIG) };
+                p
+            })
+            .collect();
+        let slot = big[0] as usize & !(MEDIUM_PAGE - 1);
+        assert!(big.iter().all(|&p| p as usize & !(MEDIUM_PAGE - 1) == slot));
+        // A fifth block takes a second page, which becomes the one its
+        // class allocates from: the first can be given back once empty.
+        let fifth = tlmalloc::malloc(TRIM_BIG);
+        assert_ne!(fifth as usize & !(MEDIUM_PAGE - 1), slot);
+        let written = resident_pages(slot as *mut u8, MEDIUM_PAGE);
+        assert!(written * PAGE >= 4 * TRIM_BIG, "{written} pages resident");
+        for &p in &big {
+            // SAFETY: live, freed once.
+            unsafe { tlmalloc::free(p) };
+        }
+        // A fresh page of another class: the emptied page is given back
+        // (kept pages of its kind go back for a fresh page), and its slot,
+        // the only written one, fits a block of 20 KiB best.
+        let small = tlmalloc::malloc(20 * KIB);
+        assert_eq!(small as usize & !(MEDIUM_PAGE - 1), slot);
+        let kept = resident_pages(slot as *mut u8, MEDIUM_PAGE);
+        println!(
+            "slot reuse (trim): {} KiB written, {} KiB kept",
+            written * PAGE / KIB,
+            kept * PAGE / KIB
+        );
+        assert!(
+            kept * PAGE <= 136 * KIB,
+            "{} KiB stay resident",
+            kept * PAGE / KIB
+        );
+        // SAFETY: live, each freed once.
+        unsafe {
+            tlmalloc::free(small);
+            tlmalloc::free(fifth);
+        }
+    })
+    .join()
+    .unwrap();
+}
