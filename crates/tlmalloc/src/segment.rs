@@ -480,6 +480,31 @@ impl Segment {
         slot_purge_range_at(self as *const Segment as usize, self.page_shift, index)
     }
 
+    /// A segment back from the arena's cache, just initialised: its free
+    /// slots that an earlier life wrote (`written`) may still be resident,
+    /// so they start dirty, stamped by the next purge pass. Before,
+    /// `Segment::init` left every slot clean, and purge passes (which purge
+    /// only dirty slots) never reached the resident memory of a slot the
+    /// new holder did not use; it stayed until the segment went back to the
+    /// cache (a span segment reused from the cache: up to 3 MiB, for as
+    /// long as one of its blocks lived).
+    pub fn mark_written_slots_dirty(&mut self) {
+        let base = self as *const Segment as usize;
+        let mut free = self.free_mask;
+        let mut dirty = 0u64;
+        while free != 0 {
+            let index = free.trailing_zeros() as usize;
+            free &= free - 1;
+            let (start, len) = self.slot_purge_range(index);
+            let start = start - base;
+            if len > 0 && self.written.written_end(start, start + len) > start {
+                dirty |= 1u64 << index;
+            }
+        }
+        self.dirty_mask = dirty;
+        self.dirty_since_ms = 0;
+    }
+
     /// The slots of `mask` were purged: recorded as such (`purged_mask`),
     /// and, unless the purge was `lazy` (`MADV_FREE` may keep the bytes),
     /// as reading zero again (`written` cleared), so that a slot claimed

@@ -223,6 +223,9 @@ pub fn segment_alloc(kind: SegmentKind) -> *mut Segment {
     unsafe {
         Segment::init(segment, kind, segment.cast(), SEGMENT_SIZE, fresh);
         (*segment).zeroed = blocks_zeroed;
+        if !fresh {
+            (*segment).mark_written_slots_dirty();
+        }
     }
     segment_map::set_chunk(segment.cast(), CHUNK_SEGMENT);
     counters::record_segment(true);

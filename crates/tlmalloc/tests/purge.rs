@@ -381,3 +381,82 @@ fn segment_cache_window_child() {
     );
     assert!(os_stats().purged_bytes - purged >= (THREADS - 2) * 64 * 1024);
 }
+
+/// A segment back from the arena's cache starts with the slots its earlier
+/// life wrote marked dirty, so a purge pass reaches those its new holder
+/// leaves free: one thread writes 512 KiB of 1 KiB blocks and exits (its
+/// empty segment goes to the cache, resident), a second takes the segment
+/// for one block and then idles; within the purge delay and a few of the
+/// background purger's passes, the first thread's pages go back, the
+/// second one's page excepted. Before, the reused segment's slots started
+/// clean, and no pass purged them while the second thread held it.
+#[test]
+fn a_segment_back_from_the_cache_purges_the_slots_its_new_holder_leaves_free() {
+    run_alone(
+        "a_segment_back_from_the_cache_purges_the_slots_its_new_holder_leaves_free",
+        reused_segment_child,
+        &[
+            ("TLMALLOC_BACKGROUND_PURGE", "1"),
+            ("TLMALLOC_PURGE_DELAY_MS", "20"),
+        ],
+        "reused segment: ",
+    );
+}
+
+fn reused_segment_child() {
+    const SEGMENT: usize = 4 * MIB;
+    const SMALL_PAGE: usize = 64 * 1024;
+    tlmalloc::collect(); // an empty segment cache
+    let written: Vec<usize> = std::thread::spawn(|| {
+        let blocks: Vec<usize> = (0..512).map(|_| malloc(1024) as usize).collect();
+        for &p in &blocks {
+            // SAFETY: a live block of 1 KiB.
+            unsafe { std::ptr::write_bytes(p as *mut u8, 1, 1024) };
+        }
+        for &p in &blocks {
+            // SAFETY: live blocks of ours, freed once.
+            unsafe { tlmalloc::free(p as *mut u8) };
+        }
+        blocks
+    })
+    .join()
+    .unwrap();
+    let segment = written[0] & !(SEGMENT - 1);
+    assert!(written.iter().all(|&p| p & !(SEGMENT - 1) == segment));
+    let (taken_tx, taken_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        let p = malloc(1024) as usize;
+        taken_tx.send(p).unwrap();
+        // Idle, holding the block, until the check is over.
+        done_rx.recv().unwrap();
+        // SAFETY: a live block of ours, freed once.
+        unsafe { tlmalloc::free(p as *mut u8) };
+    });
+    let held = taken_rx.recv().unwrap();
+    assert_eq!(
+        held & !(SEGMENT - 1),
+        segment,
+        "the cached segment is reused"
+    );
+    let others: Vec<usize> = written
+        .iter()
+        .copied()
+        .filter(|&p| p / SMALL_PAGE != held / SMALL_PAGE)
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let before = others.iter().filter(|&&p| any_resident(&[p])).count();
+    let mut left = before;
+    while left > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        left = others.iter().filter(|&&p| any_resident(&[p])).count();
+    }
+    done_tx.send(()).unwrap();
+    holder.join().unwrap();
+    println!("reused segment: {before} of the first thread's blocks resident, {left} after 5 s");
+    assert!(
+        before > 256,
+        "the first thread's blocks should be resident in the cached segment"
+    );
+    assert_eq!(left, 0, "free slots of a reused segment stay resident");
+}
