@@ -455,10 +455,7 @@ fn fresh_page(heap: &ThreadHeap, state: &mut HeapState, class: usize) -> *mut Pa
         let block_size = class_size(class);
         let (area, reserved) = Segment::page_area(segment, index, class);
         let mut untouched_from = untouched_from;
-        if other_class
-            && (*segment).kind == SegmentKind::Medium
-            && PurgePolicy::current().delay_ms == 0
-        {
+        if other_class && kind == SegmentKind::Medium && PurgePolicy::current().delay_ms == 0 {
             let keep_end = medium_keep_end(area as usize, block_size);
             untouched_from = trim_written_tail(&mut *segment, keep_end, untouched_from);
         }

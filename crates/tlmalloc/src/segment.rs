@@ -482,7 +482,8 @@ impl Segment {
 
     /// A segment back from the arena's cache, just initialised: its free
     /// slots that an earlier life wrote (`written`) may still be resident,
-    /// so they start dirty, stamped by the next purge pass. Before,
+    /// so they start dirty (`init` left them unstamped: the next purge pass
+    /// stamps them). Before,
     /// `Segment::init` left every slot clean, and purge passes (which purge
     /// only dirty slots) never reached the resident memory of a slot the
     /// new holder did not use; it stayed until the segment went back to the
@@ -502,7 +503,6 @@ impl Segment {
             }
         }
         self.dirty_mask = dirty;
-        self.dirty_since_ms = 0;
     }
 
     /// The slots of `mask` were purged: recorded as such (`purged_mask`),
